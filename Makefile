@@ -1,0 +1,49 @@
+# Every target sets up what it needs from nothing: .venv, a pinned CPU torch,
+# the C extension (rebuilt when native/ changes) and the extras.
+PY ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS ?= test,conformance,demo,dev
+BIN := $(VENV)/bin
+DEPS_STAMP := $(VENV)/.deps-installed
+EXT_STAMP := $(VENV)/.ext-built
+NATIVE_SRC := $(wildcard native/include/*.h native/src/*.c native/src/*.h native/src/*.inc) \
+              ortcpu_torch/_native/build.py setup.py
+
+.PHONY: all test demo bench build lint clean
+
+all: test
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(DEPS_STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q setuptools wheel "cffi>=1.15" scipy-openblas32
+	$(BIN)/pip install -q --no-build-isolation -e ".[$(EXTRAS)]"
+	touch $(EXT_STAMP) $@
+
+$(EXT_STAMP): $(DEPS_STAMP) $(NATIVE_SRC)
+	$(BIN)/pip install -q --no-build-isolation --no-deps -e .
+	touch $@
+
+build: $(DEPS_STAMP)
+	$(BIN)/pip install -q --no-build-isolation --no-deps -e .
+	touch $(EXT_STAMP)
+
+test: $(EXT_STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+demo: $(EXT_STAMP)
+	$(BIN)/python examples/digits_mlp.py
+
+# make bench BENCH_ARGS="--quick gelu"
+bench: $(EXT_STAMP)
+	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
+
+lint: $(DEPS_STAMP)
+	$(BIN)/ruff check ortcpu_torch tests examples benchmarks
+
+clean:
+	rm -rf build *.egg-info ortcpu_torch/_native/_ortcpu*.so

@@ -1,0 +1,249 @@
+/* common.c -- status messages, the parallel-for, the caching arena,
+ * the bandwidth probe and the BLAS entry points. */
+#include "common.h"
+
+#include <omp.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cblas.h>
+
+/* ---- status ----------------------------------------------------------- */
+
+static __thread char last_error[512];
+
+int ort_fail(int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+const char *ortcpu_last_error(void) { return last_error; }
+
+const char *ortcpu_status_name(int status)
+{
+    switch (status) {
+    case ORTCPU_OK: return "OK";
+    case ORTCPU_E_INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case ORTCPU_E_OUT_OF_MEMORY: return "OUT_OF_MEMORY";
+    case ORTCPU_E_INDEX_OUT_OF_RANGE: return "INDEX_OUT_OF_RANGE";
+    case ORTCPU_E_INTERNAL: return "INTERNAL";
+    default: return "UNKNOWN";
+    }
+}
+
+/* ---- parallel for ------------------------------------------------------- */
+
+int ort_num_chunks(int64_t n, int64_t grain, int nthreads)
+{
+    if (n <= 0) return 0;
+    if (grain < 1) grain = 1;
+    int64_t by_size = (n + grain - 1) / grain;
+    int64_t k = nthreads < 1 ? 1 : nthreads;
+    return (int)(by_size < k ? by_size : k);
+}
+
+void ort_parallel_for(int64_t n, int64_t grain, int nthreads, ort_range_fn fn, void *ctx)
+{
+    int chunks = ort_num_chunks(n, grain, nthreads);
+    if (chunks <= 0) return;
+    if (chunks == 1) {
+        fn(ctx, 0, n, 0);
+        return;
+    }
+    /* contiguous chunks, boundaries rounded to 16 elements (whole cache lines) */
+    int64_t per = ((n + chunks - 1) / chunks + 15) & ~(int64_t)15;
+#pragma omp parallel for num_threads(chunks) schedule(static, 1)
+    for (int c = 0; c < chunks; c++) {
+        int64_t b = (int64_t)c * per, e = b + per < n ? b + per : n;
+        if (b < e) fn(ctx, b, e, c);
+    }
+}
+
+/* ---- arena ----------------------------------------------------------------
+ * Blocks are rounded up to size classes (quarter steps between powers of two)
+ * and kept on per-class free lists when released, so big tensors reuse pages
+ * that are already mapped and touched instead of page-faulting fresh ones. */
+
+#define ARENA_HEADER 64
+#define ARENA_BINS 256
+
+typedef struct block {
+    size_t bytes;          /* class size, excluding the header */
+    int bin;
+    struct block *next;    /* free-list link while cached */
+} block_t;
+
+static pthread_mutex_t arena_lock = PTHREAD_MUTEX_INITIALIZER;
+static block_t *arena_free[ARENA_BINS];
+static size_t arena_in_use, arena_cached, arena_peak;
+static size_t arena_limit = (size_t)4 << 30;
+static int64_t arena_hits, arena_misses;
+
+static int arena_class(size_t nbytes, size_t *class_bytes)
+{
+    if (nbytes <= 4096) {
+        *class_bytes = 4096;
+        return 0;
+    }
+    int e = 63 - __builtin_clzll((unsigned long long)(nbytes - 1)); /* 2^e < n <= 2^(e+1) */
+    size_t step = (size_t)1 << (e - 2);
+    size_t q = (nbytes + step - 1) / step;                          /* 5..8 */
+    *class_bytes = q * step;
+    return 1 + (e - 12) * 4 + (int)(q - 5);
+}
+
+void *ortcpu_arena_alloc(size_t nbytes)
+{
+    size_t bytes;
+    int bin = arena_class(nbytes, &bytes);
+    if (bin >= ARENA_BINS) return NULL;
+    block_t *blk = NULL;
+    pthread_mutex_lock(&arena_lock);
+    if (arena_free[bin]) {
+        blk = arena_free[bin];
+        arena_free[bin] = blk->next;
+        arena_cached -= bytes;
+        arena_hits++;
+    } else {
+        arena_misses++;
+    }
+    if (blk) {
+        arena_in_use += bytes;
+        if (arena_in_use > arena_peak) arena_peak = arena_in_use;
+    }
+    pthread_mutex_unlock(&arena_lock);
+    if (!blk) {
+        blk = aligned_alloc(ARENA_HEADER, bytes + ARENA_HEADER);
+        if (!blk) return NULL;
+        blk->bytes = bytes;
+        blk->bin = bin;
+        pthread_mutex_lock(&arena_lock);
+        arena_in_use += bytes;
+        if (arena_in_use > arena_peak) arena_peak = arena_in_use;
+        pthread_mutex_unlock(&arena_lock);
+    }
+    return (char *)blk + ARENA_HEADER;
+}
+
+void ortcpu_arena_free(void *ptr)
+{
+    if (!ptr) return;
+    block_t *blk = (block_t *)((char *)ptr - ARENA_HEADER);
+    int keep;
+    pthread_mutex_lock(&arena_lock);
+    arena_in_use -= blk->bytes;
+    keep = arena_cached + blk->bytes <= arena_limit;
+    if (keep) {
+        blk->next = arena_free[blk->bin];
+        arena_free[blk->bin] = blk;
+        arena_cached += blk->bytes;
+    }
+    pthread_mutex_unlock(&arena_lock);
+    if (!keep) free(blk);
+}
+
+void ortcpu_arena_empty_cache(void)
+{
+    block_t *all = NULL;
+    pthread_mutex_lock(&arena_lock);
+    for (int b = 0; b < ARENA_BINS; b++) {
+        while (arena_free[b]) {
+            block_t *blk = arena_free[b];
+            arena_free[b] = blk->next;
+            blk->next = all;
+            all = blk;
+        }
+    }
+    arena_cached = 0;
+    pthread_mutex_unlock(&arena_lock);
+    while (all) {
+        block_t *next = all->next;
+        free(all);
+        all = next;
+    }
+}
+
+void ortcpu_arena_set_limit(size_t max_cached_bytes)
+{
+    pthread_mutex_lock(&arena_lock);
+    arena_limit = max_cached_bytes;
+    pthread_mutex_unlock(&arena_lock);
+    if (arena_cached > max_cached_bytes) ortcpu_arena_empty_cache();
+}
+
+void ortcpu_arena_stats(int64_t stats[6])
+{
+    pthread_mutex_lock(&arena_lock);
+    stats[0] = (int64_t)arena_in_use;
+    stats[1] = (int64_t)arena_cached;
+    stats[2] = arena_hits;
+    stats[3] = arena_misses;
+    stats[4] = (int64_t)arena_peak;
+    stats[5] = (int64_t)arena_limit;
+    pthread_mutex_unlock(&arena_lock);
+}
+
+void *ort_scratch(size_t nbytes) { return ortcpu_arena_alloc(nbytes); }
+void ort_scratch_free(void *p) { ortcpu_arena_free(p); }
+
+/* ---- bandwidth probe -------------------------------------------------------- */
+
+typedef struct { const float *src; float *dst; } copy_ctx;
+
+static void copy_range(void *vctx, int64_t b, int64_t e, int chunk)
+{
+    (void)chunk;
+    copy_ctx *c = vctx;
+    memcpy(c->dst + b, c->src + b, (size_t)(e - b) * sizeof(float));
+}
+
+int ortcpu_stream_copy_f32(const float *src, float *dst, int64_t n, int nthreads)
+{
+    if (n < 0) return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "stream_copy: n must be >= 0");
+    copy_ctx c = {src, dst};
+    ort_parallel_for(n, 1 << 16, nthreads, copy_range, &c);
+    return ORTCPU_OK;
+}
+
+/* ---- GEMM on OpenBLAS ---------------------------------------------------------- */
+
+static int gemm_check(int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc)
+{
+    const int64_t lim = 2147483647;
+    if (m < 0 || n < 0 || k < 0)
+        return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "gemm: negative size m=%lld n=%lld k=%lld",
+                        (long long)m, (long long)n, (long long)k);
+    if (m > lim || n > lim || k > lim || lda > lim || ldb > lim || ldc > lim)
+        return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "gemm: sizes exceed the 32-bit BLAS");
+    return ORTCPU_OK;
+}
+
+#define ORT_TRANS(t) ((t) ? CblasTrans : CblasNoTrans)
+
+int ortcpu_gemm_f32(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                    const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                    float *c, int64_t ldc)
+{
+    int st = gemm_check(m, n, k, lda, ldb, ldc);
+    if (st || m == 0 || n == 0) return st;
+    scipy_cblas_sgemm(CblasRowMajor, ORT_TRANS(trans_a), ORT_TRANS(trans_b), (int)m, (int)n,
+                      (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+    return ORTCPU_OK;
+}
+
+int ortcpu_gemm_f64(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, double alpha,
+                    const double *a, int64_t lda, const double *b, int64_t ldb, double beta,
+                    double *c, int64_t ldc)
+{
+    int st = gemm_check(m, n, k, lda, ldb, ldc);
+    if (st || m == 0 || n == 0) return st;
+    scipy_cblas_dgemm(CblasRowMajor, ORT_TRANS(trans_a), ORT_TRANS(trans_b), (int)m, (int)n,
+                      (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+    return ORTCPU_OK;
+}

@@ -1,0 +1,29 @@
+"""ortcpu_torch: ONNX Runtime's CPU training kernels, re-implemented in C, for PyTorch.
+
+- ``ortcpu_torch.kernels``: the registry, keyed by ORT op name;
+- ``ortcpu_torch.ops`` / ``ortcpu_torch.nn``: autograd functions and torch.nn modules.
+"""
+
+from ._native import (
+    KernelError,
+    empty_cache,
+    get_num_threads,
+    memory_stats,
+    set_cache_limit,
+    set_num_threads,
+)
+from . import kernels, nn, ops  # noqa: E402  (after the extension is loaded)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "KernelError",
+    "empty_cache",
+    "get_num_threads",
+    "memory_stats",
+    "set_cache_limit",
+    "set_num_threads",
+    "kernels",
+    "nn",
+    "ops",
+]

@@ -1,0 +1,14 @@
+"""The kernel registry, keyed by ONNX Runtime op name.
+
+``kernels.GeluGrad(dY, X)``: torch tensors in ORT's input order, ORT attributes as
+keywords (schema defaults), results in ORT's output order (one tensor, or a tuple).
+See DESIGN.md, "Registry call convention". ``names()`` lists the ops, ``get(name)``
+returns one.
+"""
+
+from . import activations  # noqa: F401  (registers its ops)
+from ._registry import _OPS, get, names, register
+
+globals().update(_OPS)
+
+__all__ = ["get", "names", "register", *_OPS]

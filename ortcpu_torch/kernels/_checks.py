@@ -1,0 +1,77 @@
+"""Argument validation shared by every kernel family.
+
+Every check runs before any output is allocated or any native code runs, and
+raises TypeError/ValueError naming the op, the argument and what was expected.
+Inputs are never written; a non-contiguous input is copied, never misread.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._native import check_status, get_num_threads
+
+FLOATS = (torch.float32, torch.float64)
+
+__all__ = [
+    "FLOATS",
+    "float_input",
+    "same_shape",
+    "same_dtype",
+    "normalize_axis",
+    "fmt_shape",
+    "check_status",
+    "get_num_threads",
+    "select_outputs",
+]
+
+
+def fmt_shape(t: torch.Tensor) -> str:
+    return "(" + ", ".join(str(s) for s in t.shape) + ("," if t.dim() == 1 else "") + ")"
+
+
+def float_input(op: str, name: str, t, dtypes=FLOATS, min_rank: int = 0) -> torch.Tensor:
+    """``t`` as a contiguous CPU tensor of one of ``dtypes``, or a clear error."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise TypeError(f"{op}: {name} must be a CPU tensor, got device {t.device}")
+    if t.dtype not in dtypes:
+        allowed = " or ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{op}: {name} must be {allowed}, got {str(t.dtype).replace('torch.', '')}")
+    if t.layout != torch.strided:
+        raise TypeError(f"{op}: {name} must be a dense (strided) tensor, got {t.layout}")
+    if t.dim() < min_rank:
+        raise ValueError(f"{op}: {name} must have rank >= {min_rank}, got shape {fmt_shape(t)}")
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def same_shape(op: str, a_name: str, a: torch.Tensor, b_name: str, b: torch.Tensor) -> None:
+    if a.shape != b.shape:
+        raise ValueError(
+            f"{op}: {b_name} must have the shape of {a_name} {fmt_shape(a)}, got {fmt_shape(b)}"
+        )
+
+
+def same_dtype(op: str, a_name: str, a: torch.Tensor, b_name: str, b: torch.Tensor) -> None:
+    if a.dtype != b.dtype:
+        raise TypeError(f"{op}: {b_name} must have the dtype of {a_name} ({a.dtype}), got {b.dtype}")
+
+
+def normalize_axis(op: str, axis: int, rank: int, name: str = "axis") -> int:
+    if isinstance(axis, bool) or not isinstance(axis, int):
+        raise TypeError(f"{op}: {name} must be an int, got {type(axis).__name__}")
+    r = max(rank, 1)
+    if not -r <= axis < r:
+        raise ValueError(f"{op}: {name} must be in [{-r}, {r - 1}] for rank {rank}, got {axis}")
+    return axis % r
+
+
+def select_outputs(op: str, outputs: tuple, needs) -> tuple:
+    """Apply the registry's ``needs=`` convention to a tuple of outputs."""
+    if needs is None:
+        return outputs
+    needs = tuple(bool(n) for n in needs)
+    if len(needs) != len(outputs):
+        raise ValueError(f"{op}: needs must have {len(outputs)} entries, got {len(needs)}")
+    return tuple(o if n else None for o, n in zip(outputs, needs))

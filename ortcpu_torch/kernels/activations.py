@@ -1,0 +1,300 @@
+"""Activation kernels (spec §2, §3, §17.1): GELU family, ReLU, Sigmoid, Tanh,
+LeakyReLU, QuickGELU, Softmax / LogSoftmax and their gradients.
+
+float32 and float64 everywhere (ORT 1.19.2 runs most of these in float32 only).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .._native import empty, empty_like, native_fn, ptr
+from ._checks import (
+    check_status,
+    float_input,
+    fmt_shape,
+    get_num_threads,
+    normalize_axis,
+    same_dtype,
+    same_shape,
+)
+from ._registry import register
+
+_ACT = {"Relu": 0, "Sigmoid": 1, "Tanh": 2, "QuickGelu": 3, "LeakyRelu": 4}
+
+
+def _float_attr(op: str, name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{op}: {name} must be a float, got {type(value).__name__}")
+    return float(value)
+
+
+# ---- GELU family: one native pair serves all seven ORT ops ---------------------
+
+
+def _bias_input(op: str, x: torch.Tensor, bias, name: str = "B"):
+    if bias is None:
+        return None
+    bias = float_input(op, name, bias)
+    same_dtype(op, "X", x, name, bias)
+    if x.dim() < 1:
+        raise ValueError(f"{op}: X must have rank >= 1 when a bias is given, got shape ()")
+    if bias.dim() != 1 or bias.numel() != x.shape[-1]:
+        raise ValueError(
+            f"{op}: {name} must be 1-D with X.shape[-1]={x.shape[-1]} elements, "
+            f"got shape {fmt_shape(bias)}"
+        )
+    return bias
+
+
+def _rows_cols(x: torch.Tensor) -> tuple[int, int]:
+    cols = x.shape[-1] if x.dim() >= 1 else 1
+    return (x.numel() // cols if cols else 0), cols
+
+
+def gelu_forward(op: str, x, bias=None, approximate: int = 0) -> torch.Tensor:
+    """y = gelu(x + bias); approximate 0 = erf, 1 = tanh."""
+    x = float_input(op, "X", x)
+    bias = _bias_input(op, x, bias)
+    y = empty_like(x)
+    rows, cols = _rows_cols(x)
+    st = native_fn("gelu_forward", x.dtype)(
+        ptr(x), ptr(bias), ptr(y), rows, cols, approximate, get_num_threads()
+    )
+    check_status(st, op)
+    return y
+
+
+def gelu_backward(op: str, dy, x, bias=None, approximate: int = 0, need_dbias: bool = False):
+    """(dx, dbias) of gelu(x + bias); dbias (sum of dx over all but the last axis)
+    is computed in the same pass when ``need_dbias``, else None."""
+    dy = float_input(op, "dY", dy)
+    x = float_input(op, "X", x)
+    same_dtype(op, "dY", dy, "X", x)
+    same_shape(op, "dY", dy, "X", x)
+    bias = _bias_input(op, x, bias)
+    dx = empty_like(x)
+    rows, cols = _rows_cols(x)
+    dbias = torch.empty(cols, dtype=x.dtype) if (need_dbias and bias is not None) else None
+    st = native_fn("gelu_backward", x.dtype)(
+        ptr(dy), ptr(x), ptr(bias), ptr(dx), ptr(dbias), rows, cols, approximate,
+        get_num_threads(),
+    )
+    check_status(st, op)
+    return dx, dbias
+
+
+@register
+def Gelu(X):
+    """com.microsoft Gelu: ``Y = 0.5·X·(1 + erf(X/√2))``. Inputs: X. Output: Y."""
+    return gelu_forward("Gelu", X)
+
+
+@register
+def FastGelu(X, bias=None):
+    """com.microsoft FastGelu: tanh-approximated GELU of ``X + bias``.
+    Inputs: X, optional bias (1-D, X.shape[-1]). Output: Y."""
+    return gelu_forward("FastGelu", X, bias, approximate=1)
+
+
+@register
+def BiasGelu(A, B):
+    """com.microsoft BiasGelu: ``Gelu(A + B)``, B 1-D along the last axis. Output: C."""
+    return gelu_forward("BiasGelu", A, B)
+
+
+@register
+def GeluGrad(dY, X):
+    """com.microsoft GeluGrad: dX of exact GELU. Inputs: dY, X (forward input). Output: dX."""
+    return gelu_backward("GeluGrad", dY, X)[0]
+
+
+@register
+def FastGeluGrad(dY, X):
+    """com.microsoft FastGeluGrad: dX of tanh-GELU. Inputs: dY, X. Output: dX."""
+    return gelu_backward("FastGeluGrad", dY, X, approximate=1)[0]
+
+
+@register
+def BiasGeluGrad_dX(dY, X, B):
+    """com.microsoft BiasGeluGrad_dX: GeluGrad at X + B. Inputs: dY, X, B (1-D). Output: dX."""
+    return gelu_backward("BiasGeluGrad_dX", dY, X, B)[0]
+
+
+@register
+def BiasFastGeluGrad_dX(dY, X, B):
+    """com.microsoft BiasFastGeluGrad_dX: FastGeluGrad at X + B. Inputs: dY, X, B. Output: dX."""
+    return gelu_backward("BiasFastGeluGrad_dX", dY, X, B, approximate=1)[0]
+
+
+# ---- pointwise activations ------------------------------------------------------
+
+
+def act_forward(op: str, x, alpha: float = 0.0) -> torch.Tensor:
+    x = float_input(op, "X", x)
+    y = empty_like(x)
+    st = native_fn("act_forward", x.dtype)(
+        _ACT[op], ptr(x), ptr(y), x.numel(), alpha, get_num_threads()
+    )
+    check_status(st, op)
+    return y
+
+
+def act_backward(op: str, fwd: str, dy, xy, xy_name: str, alpha: float = 0.0) -> torch.Tensor:
+    dy = float_input(op, "dY", dy)
+    xy = float_input(op, xy_name, xy)
+    same_dtype(op, "dY", dy, xy_name, xy)
+    same_shape(op, "dY", dy, xy_name, xy)
+    dx = empty_like(dy)
+    st = native_fn("act_backward", dy.dtype)(
+        _ACT[fwd], ptr(dy), ptr(xy), ptr(dx), dy.numel(), alpha, get_num_threads()
+    )
+    check_status(st, op)
+    return dx
+
+
+@register
+def Relu(X):
+    """ONNX Relu: ``max(X, 0)`` (NaN propagates). Output: Y."""
+    return act_forward("Relu", X)
+
+
+@register
+def Sigmoid(X):
+    """ONNX Sigmoid: ``1/(1+exp(-X))``. Output: Y."""
+    return act_forward("Sigmoid", X)
+
+
+@register
+def Tanh(X):
+    """ONNX Tanh. Output: Y."""
+    return act_forward("Tanh", X)
+
+
+@register
+def QuickGelu(X, alpha=1.702):
+    """com.microsoft QuickGelu: ``X·σ(alpha·X)``. Attribute alpha (1.702). Output: Y."""
+    return act_forward("QuickGelu", X, _float_attr("QuickGelu", "alpha", alpha))
+
+
+@register
+def LeakyRelu(X, alpha=0.01):
+    """ONNX LeakyRelu: ``X if X > 0 else alpha·X``. Attribute alpha (0.01). Output: Y."""
+    return act_forward("LeakyRelu", X, _float_attr("LeakyRelu", "alpha", alpha))
+
+
+@register
+def ReluGrad(dY, X):
+    """com.microsoft ReluGrad: ``dY where X > 0 else 0``. Inputs: dY, X. Output: dX."""
+    return act_backward("ReluGrad", "Relu", dY, X, "X")
+
+
+@register
+def SigmoidGrad(dY, Y):
+    """com.microsoft SigmoidGrad: ``dY·Y·(1-Y)``; Y is the forward *output*. Output: dX."""
+    return act_backward("SigmoidGrad", "Sigmoid", dY, Y, "Y")
+
+
+@register
+def TanhGrad(dY, Y):
+    """com.microsoft TanhGrad: ``dY·(1-Y²)``; Y is the forward *output*. Output: dX."""
+    return act_backward("TanhGrad", "Tanh", dY, Y, "Y")
+
+
+@register
+def QuickGeluGrad(dY, X, alpha=1.702):
+    """com.microsoft QuickGeluGrad: ``dY·s·(1 + alpha·X·(1-s))``, s = σ(alpha·X).
+    Inputs: dY, X (forward input). Attribute alpha (1.702). Output: dX."""
+    a = _float_attr("QuickGeluGrad", "alpha", alpha)
+    return act_backward("QuickGeluGrad", "QuickGelu", dY, X, "X", a)
+
+
+@register
+def LeakyReluGrad(dY, Y, alpha=0.01):
+    """com.microsoft LeakyReluGrad: ``dY if Y > 0 else alpha·dY``; Y is the forward
+    *output*. Attribute alpha (0.01). Output: dX."""
+    a = _float_attr("LeakyReluGrad", "alpha", alpha)
+    return act_backward("LeakyReluGrad", "LeakyRelu", dY, Y, "Y", a)
+
+
+# ---- softmax ----------------------------------------------------------------------
+
+
+def _softmax_view(op: str, t: torch.Tensor, axis: int, coerce_2d: bool) -> tuple[int, int, int]:
+    """(outer, dim, inner) for reducing over ``axis`` (opset-13 style), or over
+    all of ``dims[axis:]`` when ``coerce_2d`` (opset < 13)."""
+    a = normalize_axis(op, axis, t.dim())
+    shape = list(t.shape) or [1]
+    outer = math.prod(shape[:a])
+    if coerce_2d:
+        return outer, math.prod(shape[a:]), 1
+    return outer, shape[a], math.prod(shape[a + 1 :])
+
+
+def softmax_forward(op: str, x, axis: int, log: bool, coerce_2d: bool = False) -> torch.Tensor:
+    x = float_input(op, "input", x)
+    outer, dim, inner = _softmax_view(op, x, axis, coerce_2d)
+    y = empty_like(x)
+    st = native_fn("softmax_forward", x.dtype)(
+        ptr(x), ptr(y), outer, dim, inner, int(log), get_num_threads()
+    )
+    check_status(st, op)
+    return y
+
+
+def softmax_backward(op: str, dy, y, axis: int, log: bool, coerce_2d: bool,
+                     y_name: str = "Y") -> torch.Tensor:
+    dy = float_input(op, "dY", dy)
+    y = float_input(op, y_name, y)
+    same_dtype(op, "dY", dy, y_name, y)
+    same_shape(op, "dY", dy, y_name, y)
+    outer, dim, inner = _softmax_view(op, y, axis, coerce_2d)
+    dx = empty_like(y)
+    st = native_fn("softmax_backward", y.dtype)(
+        ptr(dy), ptr(y), ptr(dx), outer, dim, inner, int(log), get_num_threads()
+    )
+    check_status(st, op)
+    return dx
+
+
+@register
+def Softmax(input, axis=-1):
+    """ONNX Softmax (opset 13): along one axis. Attribute axis (-1). Output: output."""
+    return softmax_forward("Softmax", input, axis, log=False)
+
+
+@register
+def LogSoftmax(input, axis=-1):
+    """ONNX LogSoftmax (opset 13): along one axis. Attribute axis (-1). Output: output."""
+    return softmax_forward("LogSoftmax", input, axis, log=True)
+
+
+@register
+def SoftmaxGrad_13(dY, Y, axis=-1):
+    """com.microsoft SoftmaxGrad_13: ``Y·(dY - Σ dY·Y)`` along ``axis`` (-1);
+    Y is the softmax output. Output: dX."""
+    return softmax_backward("SoftmaxGrad_13", dY, Y, axis, log=False, coerce_2d=False)
+
+
+@register
+def LogSoftmaxGrad_13(dY, X, axis=-1):
+    """com.microsoft LogSoftmaxGrad_13: ``dY - exp(X)·Σ dY`` along ``axis`` (-1);
+    the second input (named X by the schema) is the log-softmax output. Output: dX."""
+    return softmax_backward("LogSoftmaxGrad_13", dY, X, axis, log=True, coerce_2d=False,
+                            y_name="X")
+
+
+@register
+def SoftmaxGrad(dY, Y, axis=1):
+    """com.microsoft SoftmaxGrad (forward opset < 13): as SoftmaxGrad_13 but the input is
+    coerced to 2-D ``[∏dims[:axis], ∏dims[axis:]]``. Attribute axis (1). Output: dX."""
+    return softmax_backward("SoftmaxGrad", dY, Y, axis, log=False, coerce_2d=True)
+
+
+@register
+def LogSoftmaxGrad(dY, X, axis=1):
+    """com.microsoft LogSoftmaxGrad (forward opset < 13): 2-D coercion as SoftmaxGrad;
+    X is the log-softmax output. Attribute axis (1). Output: dX."""
+    return softmax_backward("LogSoftmaxGrad", dY, X, axis, log=True, coerce_2d=True, y_name="X")

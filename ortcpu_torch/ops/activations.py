@@ -1,0 +1,111 @@
+"""Autograd functions for the activation kernels.
+
+Each ``torch.autograd.Function`` runs the forward kernel and, in backward, the
+matching ORT gradient kernel. Double backward is not supported and says so.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from ..kernels import activations as K
+
+_APPROX = {"none": 0, "tanh": 1}
+
+
+def _approximate(op: str, approximate: str) -> int:
+    try:
+        return _APPROX[approximate]
+    except (KeyError, TypeError):
+        raise ValueError(f"{op}: approximate must be 'none' or 'tanh', got {approximate!r}") from None
+
+
+class _Gelu(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, bias, approximate: int, op: str):
+        x = K.float_input(op, "input", x)
+        y = K.gelu_forward(op, x, bias, approximate)
+        ctx.save_for_backward(x, bias)
+        ctx.approximate, ctx.op = approximate, op
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        x, bias = ctx.saved_tensors
+        need_dbias = bias is not None and ctx.needs_input_grad[1]
+        dx, dbias = K.gelu_backward(ctx.op, dy, x, bias, ctx.approximate, need_dbias)
+        return dx, dbias, None, None
+
+
+def gelu(input: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """GELU like ``torch.nn.functional.gelu``; backward is ORT's GeluGrad / FastGeluGrad."""
+    return _Gelu.apply(input, None, _approximate("gelu", approximate), "gelu")
+
+
+def bias_gelu(input: torch.Tensor, bias: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """``gelu(input + bias)`` fused (ORT BiasGelu / FastGelu with bias); ``bias`` is 1-D along
+    the last axis. Backward computes d(input) and d(bias) in one pass."""
+    return _Gelu.apply(input, bias, _approximate("bias_gelu", approximate), "bias_gelu")
+
+
+class _Pointwise(torch.autograd.Function):
+    """QuickGelu / LeakyRelu: backward consumes the forward input X."""
+
+    @staticmethod
+    def forward(ctx, x, op: str, alpha: float):
+        x = K.float_input(op, "input", x)
+        y = K.act_forward(op, x, alpha)
+        ctx.save_for_backward(x)
+        ctx.op, ctx.alpha = op, alpha
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        # LeakyReluGrad tests its second input > 0; given X (not Y) that is torch's rule
+        # for every alpha, including alpha <= 0 where ORT's Y-based test would differ.
+        return K.act_backward(ctx.op + "Grad", ctx.op, dy, x, "X", ctx.alpha), None, None
+
+
+def quick_gelu(input: torch.Tensor, alpha: float = 1.702) -> torch.Tensor:
+    """``input * sigmoid(alpha * input)`` (ORT QuickGelu)."""
+    return _Pointwise.apply(input, "QuickGelu", K._float_attr("quick_gelu", "alpha", alpha))
+
+
+def leaky_relu(input: torch.Tensor, negative_slope: float = 0.01, inplace: bool = False):
+    """Like ``torch.nn.functional.leaky_relu``; ``inplace`` writes the result into ``input``."""
+    slope = K._float_attr("leaky_relu", "negative_slope", negative_slope)
+    y = _Pointwise.apply(input, "LeakyRelu", slope)
+    return input.copy_(y) if inplace else y
+
+
+class _Softmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim: int, log: bool, op: str):
+        y = K.softmax_forward(op, x, dim, log)
+        ctx.save_for_backward(y)
+        ctx.dim, ctx.log, ctx.op = dim, log, op
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        return K.softmax_backward(ctx.op, dy, y, ctx.dim, ctx.log, False), None, None, None
+
+
+def _softmax_input(input: torch.Tensor, dtype):
+    return input.to(dtype) if dtype is not None else input
+
+
+def softmax(input: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Softmax along ``dim`` (ORT Softmax-13 / SoftmaxGrad_13)."""
+    return _Softmax.apply(_softmax_input(input, dtype), dim, False, "softmax")
+
+
+def log_softmax(input: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Log-softmax along ``dim`` (ORT LogSoftmax-13 / LogSoftmaxGrad_13)."""
+    return _Softmax.apply(_softmax_input(input, dtype), dim, True, "log_softmax")
