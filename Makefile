@@ -10,7 +10,7 @@ EXT_STAMP := $(VENV)/.ext-built
 NATIVE_SRC := $(wildcard native/include/*.h native/src/*.c native/src/*.h native/src/*.inc) \
               ortcpu_torch/_native/build.py setup.py
 
-.PHONY: all test demo bench build lint clean
+.PHONY: all test demo bench build lint readme clean
 
 all: test
 
@@ -42,8 +42,11 @@ demo: $(EXT_STAMP)
 bench: $(EXT_STAMP)
 	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
 
+readme: $(EXT_STAMP)
+	$(BIN)/python tools/update_readme.py
+
 lint: $(DEPS_STAMP)
-	$(BIN)/ruff check ortcpu_torch tests examples benchmarks
+	$(BIN)/ruff check ortcpu_torch tests examples benchmarks tools
 
 clean:
 	rm -rf build *.egg-info ortcpu_torch/_native/_ortcpu*.so
