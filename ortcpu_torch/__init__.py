@@ -4,6 +4,7 @@
 - ``ortcpu_torch.ops`` / ``ortcpu_torch.nn``: autograd functions and torch.nn modules.
 """
 
+from . import kernels, nn, ops  # noqa: E402  (after the extension is loaded)
 from ._native import (
     KernelError,
     empty_cache,
@@ -12,7 +13,6 @@ from ._native import (
     set_cache_limit,
     set_num_threads,
 )
-from . import kernels, nn, ops  # noqa: E402  (after the extension is loaded)
 
 __version__ = "0.1.0"
 

@@ -19,7 +19,6 @@ ctypes.CDLL(
 )
 
 from ._ortcpu import ffi, lib  # noqa: E402
-
 from .arena import empty, empty_cache, empty_like, memory_stats, set_cache_limit  # noqa: E402
 from .bridge import (  # noqa: E402
     KernelError,

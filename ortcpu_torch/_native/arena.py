@@ -68,4 +68,4 @@ def memory_stats() -> dict:
     s = ffi.new("int64_t[6]")
     lib.ortcpu_arena_stats(s)
     keys = ("in_use_bytes", "cached_bytes", "hits", "misses", "peak_bytes", "limit_bytes")
-    return dict(zip(keys, (int(v) for v in s)))
+    return dict(zip(keys, (int(v) for v in s), strict=True))

@@ -55,7 +55,9 @@ def same_shape(op: str, a_name: str, a: torch.Tensor, b_name: str, b: torch.Tens
 
 def same_dtype(op: str, a_name: str, a: torch.Tensor, b_name: str, b: torch.Tensor) -> None:
     if a.dtype != b.dtype:
-        raise TypeError(f"{op}: {b_name} must have the dtype of {a_name} ({a.dtype}), got {b.dtype}")
+        raise TypeError(
+            f"{op}: {b_name} must have the dtype of {a_name} ({a.dtype}), got {b.dtype}"
+        )
 
 
 def normalize_axis(op: str, axis: int, rank: int, name: str = "axis") -> int:
@@ -74,4 +76,4 @@ def select_outputs(op: str, outputs: tuple, needs) -> tuple:
     needs = tuple(bool(n) for n in needs)
     if len(needs) != len(outputs):
         raise ValueError(f"{op}: needs must have {len(outputs)} entries, got {len(needs)}")
-    return tuple(o if n else None for o, n in zip(outputs, needs))
+    return tuple(o if n else None for o, n in zip(outputs, needs, strict=True))

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from .._native import empty, empty_like, native_fn, ptr
+from .._native import empty_like, native_fn, ptr
 from ._checks import (
     check_status,
     float_input,

@@ -18,7 +18,9 @@ def _approximate(op: str, approximate: str) -> int:
     try:
         return _APPROX[approximate]
     except (KeyError, TypeError):
-        raise ValueError(f"{op}: approximate must be 'none' or 'tanh', got {approximate!r}") from None
+        raise ValueError(
+            f"{op}: approximate must be 'none' or 'tanh', got {approximate!r}"
+        ) from None
 
 
 class _Gelu(torch.autograd.Function):
