@@ -1,5 +1,6 @@
 /* common.c -- status messages, the parallel-for, the caching arena,
  * the bandwidth probe and the BLAS entry points. */
+#define _POSIX_C_SOURCE 200809L /* posix_memalign */
 #include "common.h"
 
 #include <omp.h>
@@ -119,8 +120,9 @@ void *ortcpu_arena_alloc(size_t nbytes)
     }
     pthread_mutex_unlock(&arena_lock);
     if (!blk) {
-        blk = aligned_alloc(ARENA_HEADER, bytes + ARENA_HEADER);
-        if (!blk) return NULL;
+        void *mem = NULL;
+        if (posix_memalign(&mem, ARENA_HEADER, bytes + ARENA_HEADER) != 0) return NULL;
+        blk = mem;
         blk->bytes = bytes;
         blk->bin = bin;
         pthread_mutex_lock(&arena_lock);
