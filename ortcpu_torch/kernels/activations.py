@@ -34,16 +34,18 @@ def _float_attr(op: str, name: str, value) -> float:
 # ---- GELU family: one native pair serves all seven ORT ops ---------------------
 
 
-def _bias_input(op: str, x: torch.Tensor, bias, name: str = "B"):
+def _bias_input(op: str, x: torch.Tensor, bias, name: str = "B", x_name: str = "X"):
     if bias is None:
         return None
     bias = float_input(op, name, bias)
-    same_dtype(op, "X", x, name, bias)
+    same_dtype(op, x_name, x, name, bias)
     if x.dim() < 1:
-        raise ValueError(f"{op}: X must have rank >= 1 when a bias is given, got shape ()")
+        raise ValueError(
+            f"{op}: {x_name} must have rank >= 1 when a bias is given, got shape ()"
+        )
     if bias.dim() != 1 or bias.numel() != x.shape[-1]:
         raise ValueError(
-            f"{op}: {name} must be 1-D with X.shape[-1]={x.shape[-1]} elements, "
+            f"{op}: {name} must be 1-D with {x_name}.shape[-1]={x.shape[-1]} elements, "
             f"got shape {fmt_shape(bias)}"
         )
     return bias
@@ -54,10 +56,12 @@ def _rows_cols(x: torch.Tensor) -> tuple[int, int]:
     return (x.numel() // cols if cols else 0), cols
 
 
-def gelu_forward(op: str, x, bias=None, approximate: int = 0) -> torch.Tensor:
-    """y = gelu(x + bias); approximate 0 = erf, 1 = tanh."""
-    x = float_input(op, "X", x)
-    bias = _bias_input(op, x, bias)
+def gelu_forward(op: str, x, bias=None, approximate: int = 0,
+                 names: tuple[str, str] = ("X", "B")) -> torch.Tensor:
+    """y = gelu(x + bias); approximate 0 = erf, 1 = tanh. ``names`` are the caller's
+    argument names for x and bias, used in error messages."""
+    x = float_input(op, names[0], x)
+    bias = _bias_input(op, x, bias, names[1], names[0])
     y = empty_like(x)
     rows, cols = _rows_cols(x)
     st = native_fn("gelu_forward", x.dtype)(
@@ -96,13 +100,13 @@ def Gelu(X):
 def FastGelu(X, bias=None):
     """com.microsoft FastGelu: tanh-approximated GELU of ``X + bias``.
     Inputs: X, optional bias (1-D, X.shape[-1]). Output: Y."""
-    return gelu_forward("FastGelu", X, bias, approximate=1)
+    return gelu_forward("FastGelu", X, bias, approximate=1, names=("X", "bias"))
 
 
 @register
 def BiasGelu(A, B):
     """com.microsoft BiasGelu: ``Gelu(A + B)``, B 1-D along the last axis. Output: C."""
-    return gelu_forward("BiasGelu", A, B)
+    return gelu_forward("BiasGelu", A, B, names=("A", "B"))
 
 
 @register

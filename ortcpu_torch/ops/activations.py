@@ -6,10 +6,42 @@ matching ORT gradient kernel. Double backward is not supported and says so.
 
 from __future__ import annotations
 
+import functools
+
 import torch
-from torch.autograd.function import once_differentiable
 
 from ..kernels import activations as K
+
+
+def once_differentiable(backward):
+    """Like ``torch.autograd.function.once_differentiable``, but under
+    ``create_graph=True`` the gradients *always* carry a node that raises when
+    differentiated. torch's decorator only adds it when the incoming gradient requires
+    grad, so e.g. a gradient penalty ``autograd.grad(y.sum(), x, create_graph=True)``
+    would otherwise treat the gradient as a constant and silently drop its contribution."""
+
+    @functools.wraps(backward)
+    def wrapper(ctx, *grads):
+        with torch.no_grad():
+            outputs = backward(ctx, *grads)
+        if not torch.is_grad_enabled():
+            return outputs
+        err = torch._C._functions.DelayedError(
+            b"ortcpu_torch.ops: double backward is not supported (the backward is an ONNX "
+            b"Runtime gradient kernel, differentiable once)",
+            len(outputs),
+        )
+
+        def fake_requires_grad(t):
+            if t is not None:
+                t = t.detach()
+                t.requires_grad = True
+            return t
+
+        return err(*[fake_requires_grad(t) for t in outputs])
+
+    return wrapper
+
 
 _APPROX = {"none": 0, "tanh": 1}
 
@@ -27,7 +59,7 @@ class _Gelu(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, bias, approximate: int, op: str):
         x = K.float_input(op, "input", x)
-        y = K.gelu_forward(op, x, bias, approximate)
+        y = K.gelu_forward(op, x, bias, approximate, names=("input", "bias"))
         ctx.save_for_backward(x, bias)
         ctx.approximate, ctx.op = approximate, op
         return y
@@ -77,11 +109,44 @@ def quick_gelu(input: torch.Tensor, alpha: float = 1.702) -> torch.Tensor:
     return _Pointwise.apply(input, "QuickGelu", K._float_attr("quick_gelu", "alpha", alpha))
 
 
+class _LeakyReluInplace(torch.autograd.Function):
+    """In-place LeakyRelu: the result is written into the input, which is marked dirty.
+    Backward sees only the output Y (ORT's LeakyReluGrad convention), which has the sign
+    of X only for a non-negative slope: torch has the same restriction."""
+
+    @staticmethod
+    def forward(ctx, x, alpha: float):
+        y = K.act_forward("LeakyRelu", K.float_input("LeakyRelu", "input", x), alpha)
+        x.copy_(y)
+        ctx.mark_dirty(x)
+        ctx.save_for_backward(x)
+        ctx.alpha = alpha
+        return x
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        if ctx.alpha < 0:
+            raise RuntimeError(
+                "leaky_relu: in-place backward needs negative_slope >= 0 (the input was "
+                f"overwritten), got {ctx.alpha}; use inplace=False"
+            )
+        (y,) = ctx.saved_tensors
+        return K.act_backward("LeakyReluGrad", "LeakyRelu", dy, y, "Y", ctx.alpha), None
+
+
 def leaky_relu(input: torch.Tensor, negative_slope: float = 0.01, inplace: bool = False):
-    """Like ``torch.nn.functional.leaky_relu``; ``inplace`` writes the result into ``input``."""
+    """Like ``torch.nn.functional.leaky_relu``; ``inplace`` writes the result into ``input``
+    and returns it."""
     slope = K._float_attr("leaky_relu", "negative_slope", negative_slope)
-    y = _Pointwise.apply(input, "LeakyRelu", slope)
-    return input.copy_(y) if inplace else y
+    if not inplace:
+        return _Pointwise.apply(input, "LeakyRelu", slope)
+    if isinstance(input, torch.Tensor) and input.requires_grad and input.is_leaf \
+            and torch.is_grad_enabled():
+        # checked before anything is written, as torch does
+        raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "
+                           "operation.")
+    return _LeakyReluInplace.apply(input, slope)
 
 
 class _Softmax(torch.autograd.Function):
