@@ -72,7 +72,7 @@ def _restore_global_settings():
 #   Sigmoid 9e-8, Tanh 1.1e-7 abs / 3.5e-7 rel (|y| < 0.3 polynomial branch),
 #   GeluGrad / QuickGeluGrad up to 4e-7 abs (cancellation near the root of the
 #   derivative at x ≈ -0.75, where no float32 formula does better), Softmax 4.5e-7 abs,
-#   LogSoftmax ~ulp(max|x|) abs (see the LogSoftmax large-offset xfail).
+#   LogSoftmax ~ulp(max|x|) abs (fixed: it now computes (x - max) - log(sum)).
 # float32, torch's own error against the same float64 reference: torch evaluates
 #   0.5·x·(1 + erf(x/√2)) and 1 + tanh(.) directly, which cancel for x < -3: torch's GELU
 #   is off by up to 1.2e-6 absolute (1e-3 relative at x = -3.5), its tanh-GELU gradient

@@ -222,9 +222,14 @@ _ORT_DIVERGES = {
                      -1e30: "limit 0", 3.4e38: "limit 1", -3.4e38: "limit 0"},
     "BiasFastGeluGrad_dX": {np.inf: "limit 1", -np.inf: "limit 0", 1e30: "limit 1",
                             -1e30: "limit 0", 3.4e38: "limit 1", -3.4e38: "limit 0"},
-    # ORT: NaN (inf·0); at -inf both give NaN, at -3.4e38 both give NaN (our bug: xfail in
-    # tests/test_activations.py)
-    "QuickGeluGrad": {np.inf: "limit 1", 3.4e38: "limit 1"},
+    # ORT: NaN (inf·0)
+    "QuickGeluGrad": {np.inf: "limit 1", 3.4e38: "limit 1", -np.inf: "limit 0",
+                      -3.4e38: "limit 0"},
+    # ORT: NaN at -inf (-inf·0)
+    "Gelu": {-np.inf: "limit 0"},
+    "BiasGelu": {-np.inf: "limit 0"},
+    "FastGelu": {-np.inf: "limit 0"},
+    "QuickGelu": {-np.inf: "limit 0"},
 }
 ORT_DIVERGES = {op: {float(np.float32(v)): why for v, why in d.items()}
                 for op, d in _ORT_DIVERGES.items()}
