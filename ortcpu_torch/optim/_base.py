@@ -1,0 +1,179 @@
+"""Shared machinery for the native optimizers: a ``torch.optim.Optimizer`` subclass that
+gathers each parameter group into flat lists of tensors for one multi-tensor native call,
+handles fp16/bf16 parameters through fp32 master weights, and fuses gradient clipping
+into the update (the norm pass reads the gradients once; the update pass applies the
+clip coefficient as it reads them, so the gradients themselves are left unclipped).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch.optim import Optimizer
+
+from ..kernels.grad_control import norm_multi
+
+NATIVE = (torch.float32, torch.float64)
+HALF = (torch.float16, torch.bfloat16)
+
+
+def _lr_value(lr) -> float:
+    return float(lr.item()) if isinstance(lr, torch.Tensor) else float(lr)
+
+
+def check_lr(lr) -> None:
+    if isinstance(lr, torch.Tensor):
+        if lr.numel() != 1:
+            raise ValueError("Tensor lr must be 1-element")
+        lr_v = lr.item()
+    else:
+        lr_v = lr
+    if not 0.0 <= lr_v:
+        raise ValueError(f"Invalid learning rate: {lr}")
+
+
+def clip_coef(total_norm: float, max_norm: float) -> float:
+    """torch's clip coefficient in float32: min(max_norm / (total + 1e-6), 1); NaN stays NaN."""
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        coef = np.float32(max_norm) / (np.float32(total_norm) + np.float32(1e-6))
+    return float(coef) if (coef != coef or coef < 1.0) else 1.0
+
+
+def _same_layout(p: torch.Tensor, ts) -> bool:
+    return all(t.stride() == p.stride() and t.dtype in NATIVE for t in ts)
+
+
+class NativeOptimizer(Optimizer):
+    """Base class: subclasses define ``_init_state(p, state, group)``,
+    ``_state_keys(group)`` (the per-parameter state tensors the kernel updates, in order)
+    and ``_update(group, params, grads, states, grad_scale)``."""
+
+    def __init__(self, params, defaults: dict):
+        super().__init__(params, defaults)
+
+    def __setstate__(self, state):
+        # load_state_dict replaces every group by the saved one: a checkpoint written by
+        # torch's optimizer lacks our own keys, so they come back from the defaults here
+        super().__setstate__(state)
+        for group in self.param_groups:
+            for k, v in self.defaults.items():
+                group.setdefault(k, v)
+
+    # -- to be provided by subclasses ---------------------------------------------------
+    _name = "Optimizer"
+
+    def _init_state(self, p, state, group):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _state_keys(self, group) -> list[str]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _update(self, group, params, grads, states, grad_scale, steps):  # pragma: no cover
+        raise NotImplementedError
+
+    # -- machinery ----------------------------------------------------------------------
+
+    def _gather(self, group):
+        """(params, grads, states, writebacks, steps) of the group's parameters that have a
+        gradient: contiguous-compatible tensors of one float dtype per bucket, keyed by
+        (dtype, step). Parameters the kernel cannot update in place (non-dense layouts,
+        fp16/bf16 master weights) get float32/contiguous stand-ins copied back afterwards."""
+        buckets: dict = {}
+        writebacks = []
+        keys = self._state_keys(group)
+        for p in group["params"]:
+            g = p.grad
+            if g is None:
+                continue
+            if g.is_sparse:
+                raise RuntimeError(f"{self._name} does not support sparse gradients")
+            if p.is_complex() or not p.is_floating_point():
+                raise TypeError(f"{self._name}: parameters must be float32, float64, float16 "
+                                f"or bfloat16, got {p.dtype}")
+            if p.device.type != "cpu":
+                raise TypeError(f"{self._name}: parameters must be CPU tensors, got {p.device}")
+            state = self.state[p]
+            half = p.dtype in HALF
+            if half and not group.get("master_weights", False):
+                raise TypeError(
+                    f"{self._name}: {p.dtype} parameters need master_weights=True (the update "
+                    "runs in float32 on a float32 master copy kept in the optimizer state); "
+                    "without it they are refused rather than silently not updated")
+            if p.dtype not in NATIVE and not half:
+                raise TypeError(f"{self._name}: unsupported parameter dtype {p.dtype}")
+            if len(state) == 0:
+                self._init_state(p, state, group)
+            if "step" in state:
+                state["step"] += 1
+                step = float(state["step"].item())
+            else:
+                step = 0.0
+            sts = [state[k] for k in keys]
+            if half:
+                target = state["master_param"]
+                gg = g.to(torch.float32)
+                if not gg.is_contiguous():
+                    gg = gg.contiguous()
+                writebacks.append((p, target))
+            elif p.is_contiguous() and g.is_contiguous() and all(
+                    t.is_contiguous() for t in sts):
+                target, gg = p, g
+            elif p.is_non_overlapping_and_dense() and _same_layout(p, [g, *sts]):
+                target, gg = p, g  # same dense layout everywhere: elementwise is layout-free
+            else:
+                target = p.detach().contiguous()
+                gg = g.contiguous()
+                cs = [t.contiguous() for t in sts]
+                writebacks.extend((s, c) for s, c in zip(sts, cs, strict=True) if c is not s)
+                if target is not p:
+                    writebacks.append((p, target))
+                sts = cs
+            if gg.dtype != target.dtype:
+                gg = gg.to(target.dtype)
+            b = buckets.setdefault((target.dtype, step), ([], [], [[] for _ in keys], []))
+            b[0].append(target)
+            b[1].append(gg)
+            for lst, t in zip(b[2], sts, strict=True):
+                lst.append(t)
+            b[3].append(state)
+        return buckets, writebacks
+
+    def _global_grad_norm(self) -> float:
+        """L2 norm of every gradient of every group, reading each gradient once."""
+        by_dtype: dict = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                g = p.grad
+                if g is None:
+                    continue
+                if g.dtype not in NATIVE:
+                    g = g.to(torch.float32)
+                if not g.is_contiguous():
+                    g = g.contiguous()
+                by_dtype.setdefault(g.dtype, []).append(g)
+        return math.sqrt(sum(norm_multi(gs, 2.0, "max_grad_norm") for gs in by_dtype.values()))
+
+    @torch.no_grad()
+    def step(self, closure: Callable | None = None):
+        """One optimization step over every parameter group (one native call per group
+        and dtype). ``closure`` re-evaluates the model and returns the loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        grad_scale = 1.0
+        max_norm = self.defaults.get("max_grad_norm")
+        if max_norm is not None:
+            total = self._global_grad_norm()
+            self.last_grad_norm = torch.tensor(total, dtype=torch.float32)
+            grad_scale = clip_coef(total, max_norm)
+        for group in self.param_groups:
+            buckets, writebacks = self._gather(group)
+            for (_dtype, step), (params, grads, states, _st) in buckets.items():
+                self._update(group, params, grads, states, grad_scale, step)
+            for dst, src in writebacks:
+                dst.copy_(src)
+        return loss
