@@ -105,6 +105,8 @@ int ortcpu_softmax_backward_f64(const double *dy, const double *y, double *dx,
  *  HF     (ORT adam_mode 1): m, v as above; w -= lr*sqrt(bc2)/bc1 * m/(sqrt(v)+eps);
  *         w -= lr*wd*w
  *  L2     (torch.optim.Adam): g += wd*w, then TORCH without the decoupled decay
+ *  In TORCH and L2 modes `step_size` (lr/bc1) and `decay` (1 - lr*wd) are given by the
+ *  caller, already rounded as it wants them (torch rounds them to float32 for a tensor lr).
  *  LEGACY (ORT AdamOptimizer): d = -lr*((m/bc1)/(sqrt(v/bc2)+eps) + wd*w); w += d;
  *         delta (may be NULL) receives d
  * `vmax` (may be NULL: no amsgrad) keeps max(vmax, v), used in place of v.   */
@@ -118,14 +120,14 @@ int ortcpu_adam_multi_f32(float *const *w, const float *const *g, float *const *
                           float *const *v, float *const *vmax, float *const *delta,
                           const int64_t *sizes, int64_t ntensors, double lr, double beta1,
                           double beta2, double eps, double weight_decay, double bc1,
-                          double bc2, int mode, int maximize, double grad_scale,
-                          int nthreads);
+                          double bc2, double step_size, double decay, int mode,
+                          int maximize, double grad_scale, int nthreads);
 int ortcpu_adam_multi_f64(double *const *w, const double *const *g, double *const *m,
                           double *const *v, double *const *vmax, double *const *delta,
                           const int64_t *sizes, int64_t ntensors, double lr, double beta1,
                           double beta2, double eps, double weight_decay, double bc1,
-                          double bc2, int mode, int maximize, double grad_scale,
-                          int nthreads);
+                          double bc2, double step_size, double decay, int mode,
+                          int maximize, double grad_scale, int nthreads);
 
 /* SGD (torch.optim.SGD; ORT SGDOptimizerV2 / SGDOptimizer with momentum 0):
  *   g = ±g*grad_scale + wd*w;

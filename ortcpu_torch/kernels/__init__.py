@@ -6,8 +6,11 @@ See DESIGN.md, "Registry call convention". ``names()`` lists the ops, ``get(name
 returns one.
 """
 
-from . import activations  # noqa: F401  (registers its ops)
-from . import grad_control, optim  # noqa: F401  (registers its ops)
+from . import (  # noqa: F401  (each module registers its ops)
+    activations,
+    grad_control,
+    optim,
+)
 from ._registry import _OPS, get, names, register
 
 globals().update(_OPS)

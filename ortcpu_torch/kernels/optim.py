@@ -38,10 +38,13 @@ ADAM_TORCH, ADAM_HF, ADAM_L2, ADAM_LEGACY = 0, 1, 2, 3
 def adam_multi(weights, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs=None, deltas=None, *,
                lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
                bc1: float, bc2: float, mode: int = ADAM_TORCH, maximize: bool = False,
-               grad_scale: float = 1.0, op: str = "adam_multi") -> None:
+               grad_scale: float = 1.0, step_size: float | None = None,
+               decay: float | None = None, op: str = "adam_multi") -> None:
     """One Adam-family update of a group of contiguous tensors of one dtype, in place.
     ``bc1``/``bc2`` are the bias corrections 1 - beta^t (1.0 when off); ``mode`` is
-    ADAM_TORCH (AdamW), ADAM_HF, ADAM_L2 (Adam) or ADAM_LEGACY (see ortcpu.h)."""
+    ADAM_TORCH (AdamW), ADAM_HF, ADAM_L2 (Adam) or ADAM_LEGACY (see ortcpu.h).
+    ``step_size`` (default lr/bc1) and ``decay`` (default 1 - lr*wd) override the derived
+    values in the TORCH and L2 modes."""
     n = len(weights)
     if n == 0:
         return
@@ -52,7 +55,10 @@ def adam_multi(weights, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs=None, delt
         ptr_array(max_exp_avg_sqs, dt) if max_exp_avg_sqs is not None else _null(),
         ptr_array(deltas, dt) if deltas is not None else _null(),
         size_array(weights), n, float(lr), float(beta1), float(beta2), float(eps),
-        float(weight_decay), float(bc1), float(bc2), int(mode), int(bool(maximize)),
+        float(weight_decay), float(bc1), float(bc2),
+        float(lr / bc1 if step_size is None and bc1 != 0 else
+              (step_size if step_size is not None else math.inf)),
+        float(1.0 - lr * weight_decay if decay is None else decay), int(mode), int(bool(maximize)),
         float(grad_scale), get_num_threads())
     check_status(st, op)
 

@@ -65,8 +65,18 @@ class AdamBase(NativeOptimizer):
             bc1, bc2 = 1.0 - beta1 ** step, 1.0 - beta2 ** step
         else:
             bc1 = bc2 = 1.0
+        lr = group["lr"]
+        wd = float(group["weight_decay"])
+        if isinstance(lr, torch.Tensor):
+            # torch keeps a tensor lr as a tensor: lr/bc1 and 1 - lr*wd are rounded in
+            # its dtype (float32) before they reach the update
+            step_size = float((lr / bc1).item())
+            decay = float((1 - lr * wd).item())
+        else:
+            step_size, decay = None, None
         adam_multi(params, grads, states[0], states[1],
                    states[2] if group["amsgrad"] else None,
+                   step_size=step_size, decay=decay,
                    lr=_lr_value(group["lr"]), beta1=beta1, beta2=beta2, eps=float(group["eps"]),
                    weight_decay=float(group["weight_decay"]), bc1=bc1, bc2=bc2, mode=mode,
                    maximize=bool(group["maximize"]), grad_scale=grad_scale, op=self._name)

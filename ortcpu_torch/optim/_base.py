@@ -35,11 +35,25 @@ def check_lr(lr) -> None:
         raise ValueError(f"Invalid learning rate: {lr}")
 
 
-def clip_coef(total_norm: float, max_norm: float) -> float:
-    """torch's clip coefficient in float32: min(max_norm / (total + 1e-6), 1); NaN stays NaN."""
+def clip_coef(total_norm: float, max_norm: float, dtype: torch.dtype = torch.float32) -> float:
+    """torch's clip coefficient, in the norm's dtype: min(max_norm / (total + 1e-6), 1);
+    NaN stays NaN."""
+    f = np.float64 if dtype == torch.float64 else np.float32
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        coef = np.float32(max_norm) / (np.float32(total_norm) + np.float32(1e-6))
+        coef = f(max_norm) / (f(total_norm) + f(1e-6))
     return float(coef) if (coef != coef or coef < 1.0) else 1.0
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense: the elements fill storage [offset, offset + numel) in
+    some dimension order (contiguous, channels_last, transposed ...)."""
+    dims = sorted((st, sz) for st, sz in zip(t.stride(), t.shape, strict=True) if sz != 1)
+    expected = 1
+    for st, sz in dims:
+        if st != expected:
+            return False
+        expected *= sz
+    return True
 
 
 def _same_layout(p: torch.Tensor, ts) -> bool:
@@ -121,7 +135,7 @@ class NativeOptimizer(Optimizer):
             elif p.is_contiguous() and g.is_contiguous() and all(
                     t.is_contiguous() for t in sts):
                 target, gg = p, g
-            elif p.is_non_overlapping_and_dense() and _same_layout(p, [g, *sts]):
+            elif _dense(p) and _same_layout(p, [g, *sts]):
                 target, gg = p, g  # same dense layout everywhere: elementwise is layout-free
             else:
                 target = p.detach().contiguous()
@@ -141,8 +155,9 @@ class NativeOptimizer(Optimizer):
             b[3].append(state)
         return buckets, writebacks
 
-    def _global_grad_norm(self) -> float:
-        """L2 norm of every gradient of every group, reading each gradient once."""
+    def _global_grad_norm(self) -> tuple[float, torch.dtype]:
+        """L2 norm of every gradient of every group, reading each gradient once, and the
+        dtype torch's clip_grad_norm_ would give it."""
         by_dtype: dict = {}
         for group in self.param_groups:
             for p in group["params"]:
@@ -154,7 +169,9 @@ class NativeOptimizer(Optimizer):
                 if not g.is_contiguous():
                     g = g.contiguous()
                 by_dtype.setdefault(g.dtype, []).append(g)
-        return math.sqrt(sum(norm_multi(gs, 2.0, "max_grad_norm") for gs in by_dtype.values()))
+        dtype = torch.float64 if set(by_dtype) == {torch.float64} else torch.float32
+        total = math.sqrt(sum(norm_multi(gs, 2.0, "max_grad_norm") for gs in by_dtype.values()))
+        return total, dtype
 
     @torch.no_grad()
     def step(self, closure: Callable | None = None):
@@ -167,9 +184,9 @@ class NativeOptimizer(Optimizer):
         grad_scale = 1.0
         max_norm = self.defaults.get("max_grad_norm")
         if max_norm is not None:
-            total = self._global_grad_norm()
-            self.last_grad_norm = torch.tensor(total, dtype=torch.float32)
-            grad_scale = clip_coef(total, max_norm)
+            total, dtype = self._global_grad_norm()
+            self.last_grad_norm = torch.tensor(total, dtype=dtype)
+            grad_scale = clip_coef(float(self.last_grad_norm), max_norm, dtype)
         for group in self.param_groups:
             buckets, writebacks = self._gather(group)
             for (_dtype, step), (params, grads, states, _st) in buckets.items():

@@ -56,7 +56,7 @@ def clip_grad_norm_(parameters: torch.Tensor | Iterable[torch.Tensor], max_norm:
             f"The total norm of order {norm_type} for gradients from `parameters` is "
             "non-finite, so it cannot be clipped. To disable this error and scale the "
             "gradients by the non-finite norm anyway, set `error_if_nonfinite=False`")
-    coef = clip_coef(float(total_t), max_norm)
+    coef = clip_coef(float(total_t), max_norm, out_dtype)
     if coef != 1.0:
         for ws in by_dtype.values():
             scale_multi(ws, ws, coef, "clip_grad_norm_")
