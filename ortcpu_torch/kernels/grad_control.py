@@ -180,7 +180,8 @@ def InPlaceAccumulator(old_sum, value, update_signal=None):
 def InPlaceAccumulatorV2(accumulation_buffer, value, overwrite_flag=None, *, needs=None):
     """Accumulate into (or, with overwrite_flag true, overwrite) the buffer **in place**:
     buffer ← buffer + value, or buffer ← value (value broadcast into the buffer's shape).
-    Returns (updated_flag (bool [1], always true), the buffer)."""
+    Returns (updated_flag (bool [1], always true), the buffer). (ORT 1.19.2 mishandles a
+    broadcasting value: its output takes value's shape.)"""
     op = "InPlaceAccumulatorV2"
     buf = _buffer(op, "accumulation_buffer", accumulation_buffer)
     v = _accumulate_value(op, buf, value)
