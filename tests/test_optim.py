@@ -411,3 +411,21 @@ def test_threads_do_not_change_results():
         out.append([x.detach() for x in ps])
     for a, b in zip(*out, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)  # only the norm's sum order
+
+
+def test_step_counters_native_and_fallback():
+    p = torch.randn(4, requires_grad=True)
+    q = p.detach().clone().requires_grad_()
+    o1, o2 = O.AdamW([p], lr=1e-2), torch.optim.AdamW([q], lr=1e-2, foreach=False)
+    for _ in range(3):
+        g = torch.randn(4)
+        p.grad, q.grad = g.clone(), g.clone()
+        o1.step()
+        o2.step()
+    o1.state[p]["step"] = o1.state[p]["step"].double()  # not torch's float32: torch ops path
+    g = torch.randn(4)
+    p.grad, q.grad = g.clone(), g.clone()
+    o1.step()
+    o2.step()
+    assert o1.state[p]["step"].item() == 4.0
+    _assert_params([p], [q], torch.float32)

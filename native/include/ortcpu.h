@@ -146,6 +146,10 @@ int ortcpu_sgd_multi_f64(double *const *w, const double *const *g, double *const
                          double weight_decay, int nesterov, int maximize, double grad_scale,
                          int nthreads);
 
+/* Optimizer step counters (torch keeps one float32 0-d tensor per parameter):
+ * *steps[i] += 1 and values[i] = the new count, for n counters in one call.       */
+int ortcpu_count_steps(float *const *steps, int64_t n, double *values);
+
 /* ---- gradient control (spec §10.2, §10.3, §13) -------------------------------
  * Multi-tensor like the optimizers.
  * norm: out[0] = sum |x|^p over every element of every tensor (p = 2: sum of

@@ -25,3 +25,15 @@
 #undef SFX
 #undef SQRT
 #undef FMA
+
+int ortcpu_count_steps(float *const *steps, int64_t n, double *values)
+{
+    if (n < 0 || (n > 0 && (!steps || !values)))
+        return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "count_steps: bad arrays");
+    for (int64_t i = 0; i < n; i++) {
+        if (!steps[i]) return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "count_steps: NULL counter");
+        *steps[i] += 1.0f;
+        values[i] = *steps[i];
+    }
+    return ORTCPU_OK;
+}

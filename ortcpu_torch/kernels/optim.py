@@ -16,7 +16,7 @@ import math
 import numpy as np
 import torch
 
-from .._native import ffi, native_fn
+from .._native import ffi, lib, native_fn
 from ._checks import check_status, get_num_threads, select_outputs
 from ._multi import (
     bool_flag,
@@ -83,6 +83,24 @@ def sgd_multi(weights, grads, bufs=None, deltas=None, init=None, *, lr: float,
         float(weight_decay), int(bool(nesterov)), int(bool(maximize)), float(grad_scale),
         get_num_threads())
     check_status(st, op)
+
+
+def count_steps(steps: list) -> list[float]:
+    """Add 1 to each float32 0-d step tensor (torch's optimizer state ``step``) and return
+    the new values: one native call instead of one torch op per parameter. Tensors that
+    are not float32 CPU scalars (say, a checkpoint's float64 steps) go through torch."""
+    fast = [s.dtype == torch.float32 and s.numel() == 1 and s.device.type == "cpu"
+            for s in steps]
+    if not all(fast):
+        for s in steps:
+            s.add_(1)
+        return [float(s.item()) for s in steps]
+    n = len(steps)
+    out = ffi.new("double[]", n)
+    st = lib.ortcpu_count_steps(ffi.new("float *[]", [ffi.cast("float *", s.data_ptr())
+                                                      for s in steps]), n, out)
+    check_status(st, "count_steps")
+    return list(out)
 
 
 def _null():

@@ -15,6 +15,7 @@ import torch
 from torch.optim import Optimizer
 
 from ..kernels.grad_control import norm_multi
+from ..kernels.optim import count_steps
 
 NATIVE = (torch.float32, torch.float64)
 HALF = (torch.float16, torch.bfloat16)
@@ -90,43 +91,53 @@ class NativeOptimizer(Optimizer):
 
     # -- machinery ----------------------------------------------------------------------
 
+    def _check_param(self, p, g, group) -> None:
+        """Why a parameter cannot be updated (raises), called off the fast path."""
+        if g.is_sparse or g.layout != torch.strided:
+            raise RuntimeError(f"{self._name} does not support sparse gradients")
+        if p.is_complex() or not p.is_floating_point():
+            raise TypeError(f"{self._name}: parameters must be float32, float64, float16 "
+                            f"or bfloat16, got {p.dtype}")
+        if p.device.type != "cpu" or g.device.type != "cpu":
+            raise TypeError(f"{self._name}: parameters must be CPU tensors, got {p.device}")
+        if p.dtype in HALF and not group.get("master_weights", False):
+            raise TypeError(
+                f"{self._name}: {p.dtype} parameters need master_weights=True (the update "
+                "runs in float32 on a float32 master copy kept in the optimizer state); "
+                "without it they are refused rather than silently not updated")
+        if p.dtype not in NATIVE and p.dtype not in HALF:
+            raise TypeError(f"{self._name}: unsupported parameter dtype {p.dtype}")
+
     def _gather(self, group):
-        """(params, grads, states, writebacks, steps) of the group's parameters that have a
-        gradient: contiguous-compatible tensors of one float dtype per bucket, keyed by
-        (dtype, step). Parameters the kernel cannot update in place (non-dense layouts,
-        fp16/bf16 master weights) get float32/contiguous stand-ins copied back afterwards."""
-        buckets: dict = {}
-        writebacks = []
+        """(buckets, writebacks) for the group's parameters that have a gradient. A bucket,
+        keyed by (dtype, step), holds (params, grads, [state lists], states): tensors of
+        one float dtype laid out alike, for one native call. Parameters the kernel cannot
+        update in place (fp16/bf16 master weights, mismatched layouts) get float32 /
+        contiguous stand-ins, copied back afterwards (``writebacks``)."""
         keys = self._state_keys(group)
+        state_of = self.state
+        entries = []
         for p in group["params"]:
             g = p.grad
             if g is None:
                 continue
-            if g.is_sparse:
-                raise RuntimeError(f"{self._name} does not support sparse gradients")
-            if p.is_complex() or not p.is_floating_point():
-                raise TypeError(f"{self._name}: parameters must be float32, float64, float16 "
-                                f"or bfloat16, got {p.dtype}")
-            if p.device.type != "cpu":
-                raise TypeError(f"{self._name}: parameters must be CPU tensors, got {p.device}")
-            state = self.state[p]
-            half = p.dtype in HALF
-            if half and not group.get("master_weights", False):
-                raise TypeError(
-                    f"{self._name}: {p.dtype} parameters need master_weights=True (the update "
-                    "runs in float32 on a float32 master copy kept in the optimizer state); "
-                    "without it they are refused rather than silently not updated")
-            if p.dtype not in NATIVE and not half:
-                raise TypeError(f"{self._name}: unsupported parameter dtype {p.dtype}")
+            dt = p.dtype
+            if not (dt in NATIVE and g.dtype == dt and g.layout == torch.strided
+                    and p.is_cpu):
+                self._check_param(p, g, group)
+            state = state_of[p]
             if len(state) == 0:
                 self._init_state(p, state, group)
-            if "step" in state:
-                state["step"] += 1
-                step = float(state["step"].item())
-            else:
-                step = 0.0
+            entries.append((p, g, state))
+        # the step counters: one foreach op and one read-back for the whole group
+        steps = [st["step"] for _, _, st in entries if "step" in st]
+        values = iter(count_steps(steps)) if steps else iter(())
+        buckets: dict = {}
+        writebacks = []
+        for p, g, state in entries:
+            step = float(next(values)) if "step" in state else 0.0
             sts = [state[k] for k in keys]
-            if half:
+            if p.dtype in HALF:
                 target = state["master_param"]
                 gg = g.to(torch.float32)
                 if not gg.is_contiguous():
@@ -147,7 +158,9 @@ class NativeOptimizer(Optimizer):
                 sts = cs
             if gg.dtype != target.dtype:
                 gg = gg.to(target.dtype)
-            b = buckets.setdefault((target.dtype, step), ([], [], [[] for _ in keys], []))
+            b = buckets.get((target.dtype, step))
+            if b is None:
+                b = buckets[(target.dtype, step)] = ([], [], [[] for _ in keys], [])
             b[0].append(target)
             b[1].append(gg)
             for lst, t in zip(b[2], sts, strict=True):
