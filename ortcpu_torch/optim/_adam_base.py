@@ -10,6 +10,7 @@ from ._base import NativeOptimizer, _lr_value, check_lr
 
 class AdamBase(NativeOptimizer):
     _decoupled = True
+    _has_step = True
 
     def __init__(self, params, lr, betas, eps, weight_decay, amsgrad, maximize, mode,
                  correct_bias, max_grad_norm, master_weights):

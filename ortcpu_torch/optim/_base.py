@@ -79,6 +79,7 @@ class NativeOptimizer(Optimizer):
 
     # -- to be provided by subclasses ---------------------------------------------------
     _name = "Optimizer"
+    _has_step = False  # per-parameter state["step"] counters (the Adam family)
 
     def _init_state(self, p, state, group):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -126,25 +127,25 @@ class NativeOptimizer(Optimizer):
                     and p.is_cpu):
                 self._check_param(p, g, group)
             state = state_of[p]
-            if len(state) == 0:
+            if not state and (keys or dt not in NATIVE or self._has_step):
                 self._init_state(p, state, group)
             entries.append((p, g, state))
         # the step counters: one foreach op and one read-back for the whole group
-        steps = [st["step"] for _, _, st in entries if "step" in st]
-        values = iter(count_steps(steps)) if steps else iter(())
+        if self._has_step:
+            values = iter(count_steps([st["step"] for _, _, st in entries]))
         buckets: dict = {}
         writebacks = []
         for p, g, state in entries:
-            step = float(next(values)) if "step" in state else 0.0
-            sts = [state[k] for k in keys]
+            step = next(values) if self._has_step else 0.0
+            sts = [state[k] for k in keys] if keys else []
             if p.dtype in HALF:
                 target = state["master_param"]
                 gg = g.to(torch.float32)
                 if not gg.is_contiguous():
                     gg = gg.contiguous()
                 writebacks.append((p, target))
-            elif p.is_contiguous() and g.is_contiguous() and all(
-                    t.is_contiguous() for t in sts):
+            elif p.is_contiguous() and g.is_contiguous() and (
+                    not sts or all([t.is_contiguous() for t in sts])):
                 target, gg = p, g
             elif _dense(p) and _same_layout(p, [g, *sts]):
                 target, gg = p, g  # same dense layout everywhere: elementwise is layout-free
