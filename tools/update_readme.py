@@ -1,6 +1,6 @@
 """Regenerate the README's generated sections: the kernel list (from the registry)
-and the benchmark table (from benchmarks/results/latest.md, written by
-``make bench``). Run by ``make readme``; sections sit between
+and the benchmark tables (from benchmarks/results/latest.md, written by
+``make bench``, and benchmarks/results/optim.md, written by ``make bench-optim``). Run by ``make readme``; sections sit between
 ``<!-- BEGIN name -->`` / ``<!-- END name -->`` markers."""
 
 from __future__ import annotations
@@ -29,6 +29,13 @@ def bench_table() -> str:
     return path.read_text().strip()
 
 
+def optim_bench_table() -> str:
+    path = ROOT / "benchmarks" / "results" / "optim.md"
+    if not path.exists():
+        return "_No optimizer benchmark results yet: run `make bench-optim`._"
+    return path.read_text().strip()
+
+
 def replace_section(text: str, name: str, body: str) -> str:
     pattern = re.compile(rf"(<!-- BEGIN {name} -->\n)(?:.*?\n)?(<!-- END {name} -->)", re.S)
     if not pattern.search(text):
@@ -41,6 +48,7 @@ def main() -> None:
     text = readme.read_text()
     text = replace_section(text, "kernels", kernel_list())
     text = replace_section(text, "benchmarks", bench_table())
+    text = replace_section(text, "benchmarks-optim", optim_bench_table())
     readme.write_text(text)
     print(f"updated {readme}")
 
