@@ -59,6 +59,10 @@ class SGD(NativeOptimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
+                if not (p.dtype in (torch.float32, torch.float64) or (
+                        p.dtype in (torch.float16, torch.bfloat16)
+                        and group.get("master_weights", False))):
+                    continue  # refused by the base class, before any state is written
                 state = self.state[p]
                 if state.get("momentum_buffer") is None:
                     if p.dtype in (torch.float16, torch.bfloat16) and group.get(
