@@ -96,7 +96,9 @@ int ortcpu_softmax_backward_f64(const double *dy, const double *y, double *dx,
  * int32 entries from ortcpu_summary_edges_lut for the same edges) makes that a table
  * look-up plus a short scan; NULL means a plain binary search.
  * mode ORTCPU_HIST_ORT:   non-finite values are skipped; counts has nedges + 1 entries,
- *                         counts[u(x)] += 1; stats over the finite values with
+ *                         counts[min(u(x), nedges - 1)] += 1 (a value equal to the
+ *                         last edge is counted under it; ORT 1.19.2 indexes past its
+ *                         counts and aborts for any value >= 9.92e19); stats over the finite values with
  *                         min = +DBL_MAX, max = -DBL_MAX initially.
  * mode ORTCPU_HIST_NUMPY: numpy.histogram(x, bins=edges): counts has nedges - 1 entries,
  *                         bin u(x) - 1 for edges[0] <= x < edges[-1], the last bin
