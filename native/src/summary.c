@@ -22,30 +22,78 @@ static inline uint64_t order_key(double v)
 
 #define LUT_SHIFT 48
 
-/* lut[c] = #{edges with key < c << 48}, c = 0..65536 (lut[65536] = nedges). */
-int ortcpu_summary_edges_lut(const double *edges, int64_t nedges, int32_t *lut)
+/* float keys: the same order-preserving map on the 32-bit pattern (cell = top 16
+ * bits: sign, exponent, 7 mantissa bits), -0.0 folded to +0.0 */
+static inline uint32_t order_key_f32(uint32_t bits)
 {
-    if (!edges || !lut || nedges < 1 || nedges > INT32_MAX)
+    bits = bits == 0x80000000u ? 0u : bits;
+    return bits ^ ((uint32_t)((int32_t)bits >> 31) | 0x80000000u);
+}
+
+static inline uint32_t f32_bits(float f)
+{
+    union { float f; uint32_t u; } b = {f};
+    return b.u;
+}
+
+/* The smallest float >= e (so that, for a float v, v >= up(e) <=> (double)v >= e). */
+static float round_up_f32(double e)
+{
+    float f = (float)e;
+    if ((double)f < e) f = nextafterf(f, INFINITY);
+    return f;
+}
+
+#define CELLS 65536
+/* lut[0..CELLS]: #{edges with double key < c << 48}, then lut[CELLS + 1] = the most
+ * edges in one cell; lut[L..L+CELLS+1] (L = CELLS + 2) the same for float keys
+ * (c << 16) over the edges rounded up to float; cell_edge[c] = that rounded edge when
+ * float cell c holds exactly one, else NaN (compares false). */
+int ortcpu_summary_edges_lut(const double *edges, int64_t nedges, int32_t *lut,
+                             float *cell_edge)
+{
+    float *edges_up = NULL;
+    if (!edges || !lut || !cell_edge || nedges < 1 || nedges >= INT32_MAX)
         return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "summary_edges_lut: bad edges (n=%lld)",
                         (long long)nedges);
+    edges_up = (float *)malloc((size_t)nedges * sizeof(float));
+    if (!edges_up) return ort_fail(ORTCPU_E_OUT_OF_MEMORY, "summary_edges_lut");
     for (int64_t i = 0; i < nedges; i++) {
-        if (edges[i] != edges[i])
+        if (edges[i] != edges[i]) {
+            free(edges_up);
             return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "summary_edges_lut: edge %lld is NaN",
                             (long long)i);
-        if (i && !(edges[i - 1] <= edges[i]))
+        }
+        if (i && !(edges[i - 1] <= edges[i])) {
+            free(edges_up);
             return ort_fail(ORTCPU_E_INVALID_ARGUMENT,
                             "summary_edges_lut: edges not sorted at %lld", (long long)i);
-    }
-    int64_t j = 0;
-    for (int64_t c = 0; c < ORTCPU_SUMMARY_LUT_SIZE; c++) {
-        if (c == ORTCPU_SUMMARY_LUT_SIZE - 1) {
-            lut[c] = (int32_t)nedges;
-            break;
         }
-        uint64_t lo = (uint64_t)c << LUT_SHIFT;
-        while (j < nedges && order_key(edges[j]) < lo) j++;
-        lut[c] = (int32_t)j;
+        edges_up[i] = round_up_f32(edges[i]);
     }
+    for (int pass = 0; pass < 2; pass++) {
+        int32_t *t = lut + pass * (CELLS + 2);
+        int64_t j = 0;
+        int32_t most = 0;
+        for (int64_t c = 0; c < CELLS; c++) {
+            if (pass == 0) {
+                uint64_t lo = (uint64_t)c << LUT_SHIFT;
+                while (j < nedges && order_key(edges[j]) < lo) j++;
+            } else {
+                uint32_t lo = (uint32_t)c << 16;
+                while (j < nedges && order_key_f32(f32_bits(edges_up[j])) < lo) j++;
+            }
+            t[c] = (int32_t)j;
+            if (c && t[c] - t[c - 1] > most) most = t[c] - t[c - 1];
+        }
+        t[CELLS] = (int32_t)nedges;
+        if (t[CELLS] - t[CELLS - 1] > most) most = t[CELLS] - t[CELLS - 1];
+        t[CELLS + 1] = most;
+    }
+    const int32_t *t32 = lut + CELLS + 2;
+    for (int64_t c = 0; c < CELLS; c++)
+        cell_edge[c] = t32[c + 1] - t32[c] == 1 ? edges_up[t32[c]] : NAN;
+    free(edges_up);
     return ORTCPU_OK;
 }
 
@@ -58,8 +106,15 @@ static inline int64_t upper_index(double x, const double *edges, int64_t nedges,
         uint64_t c = order_key(x) >> LUT_SHIFT;
         lo = lut[c];
         hi = lut[c + 1];
-        /* every edge in [lo, hi) shares x's cell; usually there are 0 or 1 */
-        if (hi - lo <= 4) {
+        /* every edge in [lo, hi) shares x's cell; with geometric edges of ratio > 1/16
+         * there is at most one: decide it without a branch (a data-dependent branch
+         * here mispredicts half the time) */
+        int64_t cnt = hi - lo;
+        if (cnt <= 1) {
+            double e = edges[lo < nedges ? lo : nedges - 1];
+            return lo + (int64_t)((cnt == 1) & (e <= x));
+        }
+        if (cnt <= 4) {
             while (lo < hi && edges[lo] <= x) lo++;
             return lo;
         }
@@ -156,12 +211,16 @@ int ortcpu_summary_frame_records(const uint8_t *data, const int64_t *lengths, in
 /* ---- histogram ---------------------------------------------------------------- */
 #define T float
 #define SFX f32
+#define SUMMARY_F32 1
 #include "summary.inc"
+#undef SUMMARY_F32
 #undef T
 #undef SFX
 
 #define T double
 #define SFX f64
+#define SUMMARY_F32 0
 #include "summary.inc"
+#undef SUMMARY_F32
 #undef T
 #undef SFX

@@ -61,8 +61,10 @@ class Edges:
     def __init__(self, edges: np.ndarray):
         self.edges = np.ascontiguousarray(edges, dtype=np.float64)
         self.lut = np.empty(lib.ORTCPU_SUMMARY_LUT_SIZE, dtype=np.int32)
+        self.cell_edge = np.empty(lib.ORTCPU_SUMMARY_CELLS, dtype=np.float32)
         st = lib.ortcpu_summary_edges_lut(self._eptr(), len(self.edges),
-                                          ffi.cast("int32_t *", self.lut.ctypes.data))
+                                          ffi.cast("int32_t *", self.lut.ctypes.data),
+                                          ffi.cast("float *", self.cell_edge.ctypes.data))
         check_status(st, "summary edges")
 
     def _eptr(self):
@@ -93,8 +95,12 @@ def histogram_counts(x: torch.Tensor, edges: Edges, mode: int) -> tuple[np.ndarr
     fn = (lib.ortcpu_summary_histogram_f32 if x.dtype == torch.float32
           else lib.ortcpu_summary_histogram_f64)
     ctype = "float *" if x.dtype == torch.float32 else "double *"
-    lut = ffi.cast("int32_t *", edges.lut.ctypes.data) if n >= _LUT_MIN_N else ffi.NULL
-    st = fn(ffi.cast(ctype, x.data_ptr()), n, edges._eptr(), ne, lut, mode,
+    if n >= _LUT_MIN_N:
+        lut = ffi.cast("int32_t *", edges.lut.ctypes.data)
+        up = ffi.cast("float *", edges.cell_edge.ctypes.data)
+    else:
+        lut = up = ffi.NULL
+    st = fn(ffi.cast(ctype, x.data_ptr()), n, edges._eptr(), ne, lut, up, mode,
             ffi.cast("double *", counts.ctypes.data), stats, get_num_threads())
     check_status(st, "summary histogram")
     return counts, list(stats)
