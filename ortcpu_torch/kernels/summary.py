@@ -260,7 +260,9 @@ def text_value(tag: str, flat: list, shape: list[int]):
     t = tensor_pb2.TensorProto(
         dtype=types_pb2.DT_STRING,
         string_val=[s.encode("utf-8") if isinstance(s, str) else s for s in flat])
-    t.tensor_shape.dim.extend(tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in shape)
+    if shape:  # a 0-d tensor has no tensor_shape field at all (as ORT writes it)
+        t.tensor_shape.dim.extend(tensor_shape_pb2.TensorShapeProto.Dim(size=d)
+                                  for d in shape)
     meta = summary_pb2.SummaryMetadata(
         plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="text"))
     return summary_pb2.Summary.Value(tag=tag, tensor=t, metadata=meta)
