@@ -9,6 +9,7 @@ benchmarks/bench_summary.py) and is checked against tensorboard's reader in the 
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import socket
@@ -150,7 +151,11 @@ class EventFileWriter:
             return
         try:
             self.flush()
-            os.fsync(self._fd)
+            try:
+                os.fsync(self._fd)
+            except OSError as e:  # file systems (and devices) without fsync
+                if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EROFS):
+                    raise
         finally:
             with self._lock:
                 self._closed = True
