@@ -254,3 +254,14 @@ def test_bad_input():
         kernels.SummaryText([["a"], ["b", "c"]], tag="t")
     with pytest.raises(TypeError, match="string tensor"):
         kernels.SummaryText(torch.tensor([1.0]), tag="t")
+
+
+@pytest.mark.parametrize("n", [3, 1 << 15])
+def test_histogram_huge_values_go_to_the_dbl_max_bucket(n):
+    """ORT 1.19.2 aborts (indexes past its counts) on any value >= 9.92e19; we count such
+    values, DBL_MAX included, in the bucket whose limit is DBL_MAX."""
+    x = torch.full((n,), 1.0, dtype=torch.float64)
+    x[0], x[1] = 1e30, DBL_MAX
+    h = summary_pb2.Summary.FromString(kernels.SummaryHistogram(x, tag="h")).value[0].histo
+    assert list(h.bucket_limit[-2:]) == [DBL_MAX, 0.0] and list(h.bucket[-2:]) == [2.0, 0.0]
+    assert h.max == DBL_MAX and h.num == n
