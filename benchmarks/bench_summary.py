@@ -10,6 +10,9 @@ Cases (issue #7 targets, ratio = torch time / ours, same process, same run):
   have framed and written every event). Target >= 1.0x.
 - ``add_histogram_10M_ort``: ours with ``bins="ort"`` (ORT's scheme: NaN/inf skipped,
   ordered double sums), for reference against the same torch time.
+- ``event_framing_100k``: framing and writing 100k serialized scalar events: ours (native
+  CRC-32C, one batch) vs tensorboard's ``RecordWriter`` (the framing torch's writer uses),
+  both into a file -- the measurement behind not using ``RecordWriter``.
 
 Ours and torch alternate, round by round; each number is the median over rounds after a
 warm-up. The load average and the CPU time this process got are recorded: the machine is
@@ -73,16 +76,40 @@ def run(quick: bool = False) -> dict:
                 w.flush()
             return go
 
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        from ortcpu_torch.summary._records import frame_records
+
+        recs = [event_pb2.Event(wall_time=1.0, step=i, summary=summary_pb2.Summary(
+            value=[summary_pb2.Summary.Value(tag="loss", simple_value=0.5)]
+        )).SerializeToString() for i in range(n_scalar)]
+
+        def frame_ours():
+            def go():
+                with open(os.path.join(tmp, "ours.rec"), "wb") as f:
+                    f.write(frame_records(recs))
+            return go
+
+        def frame_tb():
+            def go():
+                with open(os.path.join(tmp, "tb.rec"), "wb") as f:
+                    w = RecordWriter(f)
+                    for r in recs:
+                        w.write(r)
+            return go
+
         cases = {
             "add_histogram_10M": (lambda: hist(ours), lambda: hist(theirs)),
             "add_histogram_10M_ort": (lambda: hist(ours, "ort"), lambda: hist(theirs)),
             "add_scalar_100k": (lambda: scalars(ours), lambda: scalars(theirs)),
+            "event_framing_100k": (frame_ours, frame_tb),
         }
         for name, (mk_ours, mk_torch) in cases.items():
             s = samples[name] = {"ours": [], "torch": []}
             _time(mk_ours())  # warm-up
             _time(mk_torch())
-            for r in range(rounds if "histogram" in name else max(2, rounds // 2)):
+            for r in range(rounds if "scalar" not in name else max(2, rounds // 2)):
                 first, second = ((mk_ours, "ours"), (mk_torch, "torch")) if r % 2 == 0 \
                     else ((mk_torch, "torch"), (mk_ours, "ours"))
                 for mk, side in (first, second):
