@@ -141,7 +141,9 @@ def markdown(result: dict) -> str:
         f"alternating steps per side; {m['cpu']}, {m['cpus']} CPUs, torch {m['torch']}, "
         f"commit {m['commit']}, {m['date']}. torch/ours > 1: ours faster. bound: bytes "
         "per parameter (AdamW 28, SGD 12, SGD+momentum 20) ÷ the streaming copy's GB/s "
-        f"measured interleaved. CPU-time ratio (1 thread only): the calling thread's CPU time, which other processes' load does not inflate. Other processes used {100 * load['foreign_share']:.0f}% of "
+        "measured interleaved. CPU-time ratio (1 thread only): the calling thread's CPU "
+        "time, which other processes' load does not inflate. Other processes used "
+        f"{100 * load['foreign_share']:.0f}% of "
         "the machine's CPU time during the run"
         + (" — **busy machine: timings unreliable**." if load["foreign_share"] > 0.05
            else "."),

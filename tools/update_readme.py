@@ -1,6 +1,7 @@
 """Regenerate the README's generated sections: the kernel list (from the registry)
 and the benchmark tables (from benchmarks/results/latest.md, written by
-``make bench``, and benchmarks/results/optim.md, written by ``make bench-optim``). Run by ``make readme``; sections sit between
+``make bench``; benchmarks/results/optim.md, by ``make bench-optim``). Run by
+``make readme``; sections sit between
 ``<!-- BEGIN name -->`` / ``<!-- END name -->`` markers."""
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ def optim_bench_table() -> str:
     return path.read_text().strip()
 
 
+def summary_bench_table() -> str:
+    path = ROOT / "benchmarks" / "results" / "summary.md"
+    if not path.exists():
+        return "_No results yet: run `make bench-summary`._"
+    return path.read_text().strip()
+
+
 def replace_section(text: str, name: str, body: str) -> str:
     pattern = re.compile(rf"(<!-- BEGIN {name} -->\n)(?:.*?\n)?(<!-- END {name} -->)", re.S)
     if not pattern.search(text):
@@ -49,6 +57,8 @@ def main() -> None:
     text = replace_section(text, "kernels", kernel_list())
     text = replace_section(text, "benchmarks", bench_table())
     text = replace_section(text, "benchmarks-optim", optim_bench_table())
+    if "<!-- BEGIN summary-benchmarks -->" in text:
+        text = replace_section(text, "summary-benchmarks", summary_bench_table())
     readme.write_text(text)
     print(f"updated {readme}")
 

@@ -10,6 +10,7 @@ from . import (  # noqa: F401  (each module registers its ops)
     activations,
     grad_control,
     optim,
+    summary,
 )
 from ._registry import _OPS, get, names, register
 
