@@ -429,3 +429,14 @@ def test_step_counters_native_and_fallback():
     o2.step()
     assert o1.state[p]["step"].item() == 4.0
     _assert_params([p], [q], torch.float32)
+
+
+def test_torch_implementation_flags_accepted():
+    p = torch.randn(3, requires_grad=True)
+    O.AdamW([p], fused=True, foreach=False)
+    O.Adam([p], foreach=True)
+    O.SGD([p], lr=0.1, fused=True)
+    with pytest.raises(ValueError, match="capturable"):
+        O.AdamW([p], capturable=True)
+    with pytest.raises(ValueError, match="differentiable"):
+        O.SGD([p], lr=0.1, differentiable=True)

@@ -36,6 +36,22 @@ def check_lr(lr) -> None:
         raise ValueError(f"Invalid learning rate: {lr}")
 
 
+def torch_flags(name: str, foreach, capturable, differentiable, fused) -> None:
+    """torch.optim's implementation switches, accepted so that a swap needs no edits:
+    ``foreach``/``fused`` choose how torch loops (ours is always one fused native call per
+    group); ``capturable`` (CUDA graphs) and ``differentiable`` (autograd through the
+    step) are not supported and say so."""
+    if capturable:
+        raise ValueError(f"{name}: capturable=True (CUDA graph capture) is not supported "
+                         "on CPU")
+    if differentiable:
+        raise ValueError(f"{name}: differentiable=True is not supported (the update runs "
+                         "in native code, outside autograd)")
+    for flag, v in (("foreach", foreach), ("fused", fused)):
+        if v is not None and not isinstance(v, bool):
+            raise TypeError(f"{name}: {flag} must be a bool or None, got {type(v).__name__}")
+
+
 def clip_coef(total_norm: float, max_norm: float, dtype: torch.dtype = torch.float32) -> float:
     """torch's clip coefficient, in the norm's dtype: min(max_norm / (total + 1e-6), 1);
     NaN stays NaN."""

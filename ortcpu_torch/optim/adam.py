@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ._adam_base import AdamBase
+from ._base import torch_flags
 
 
 class Adam(AdamBase):
@@ -24,6 +25,8 @@ class Adam(AdamBase):
     _decoupled = False
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, *,
-                 amsgrad=False, maximize=False, max_grad_norm=None, master_weights=False):
+                 amsgrad=False, maximize=False, max_grad_norm=None, master_weights=False,
+                 foreach=None, capturable=False, differentiable=False, fused=None):
+        torch_flags(self._name, foreach, capturable, differentiable, fused)
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize, "torch",
                          True, max_grad_norm, master_weights)

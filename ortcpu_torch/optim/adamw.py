@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ._adam_base import AdamBase
+from ._base import torch_flags
 
 
 class AdamW(AdamBase):
@@ -35,6 +36,8 @@ class AdamW(AdamBase):
     - ``master_weights``: float16/bfloat16 parameters are updated in float32 on a float32
       master copy (``state["master_param"]``) and rounded back; without it such
       parameters raise ``TypeError``.
+    - ``foreach``/``fused`` are accepted and ignored (every step is one fused native call
+      per group); ``capturable``/``differentiable`` must stay False.
 
     One native call updates each parameter group (per dtype and step value).
     """
@@ -44,6 +47,8 @@ class AdamW(AdamBase):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *,
                  amsgrad=False, maximize=False, mode="torch", correct_bias=True,
-                 max_grad_norm=None, master_weights=False):
+                 max_grad_norm=None, master_weights=False, foreach=None,
+                 capturable=False, differentiable=False, fused=None):
+        torch_flags(self._name, foreach, capturable, differentiable, fused)
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize, mode,
                          correct_bias, max_grad_norm, master_weights)

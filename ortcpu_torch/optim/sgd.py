@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels.optim import sgd_multi
-from ._base import NativeOptimizer, _lr_value, check_lr
+from ._base import NativeOptimizer, _lr_value, check_lr, torch_flags
 
 
 class SGD(NativeOptimizer):
@@ -28,7 +28,9 @@ class SGD(NativeOptimizer):
     _name = "SGD"
 
     def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0,
-                 nesterov=False, *, maximize=False, max_grad_norm=None, master_weights=False):
+                 nesterov=False, *, maximize=False, max_grad_norm=None, master_weights=False,
+                 foreach=None, differentiable=False, fused=None):
+        torch_flags(self._name, foreach, False, differentiable, fused)
         check_lr(lr)
         if momentum < 0.0:
             raise ValueError(f"Invalid momentum value: {momentum}")
