@@ -440,3 +440,29 @@ def test_torch_implementation_flags_accepted():
         O.AdamW([p], capturable=True)
     with pytest.raises(ValueError, match="differentiable"):
         O.SGD([p], lr=0.1, differentiable=True)
+
+
+@pytest.mark.parametrize("torch_cls,kw,ours_cls", [
+    (torch.optim.AdamW, dict(lr=1e-2, amsgrad=True), O.AdamW),
+    (torch.optim.Adam, dict(lr=1e-2, weight_decay=0.1), O.Adam),
+    (torch.optim.Adam, dict(lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True), O.AdamW),
+    (torch.optim.SGD, dict(lr=1e-2, momentum=0.9, nesterov=True), O.SGD),
+])
+def test_from_torch_continues_training(torch_cls, kw, ours_cls):
+    a, b = _params(torch.float32)
+    o1 = torch_cls(_groups(a), foreach=False, **kw)
+    o2 = torch_cls(_groups(b), foreach=False, **kw)
+    for _ in range(5):
+        _set_grads(a, b, torch.float32)
+        o1.step()
+        o2.step()
+    ours = O.from_torch(o1)
+    assert type(ours) is ours_cls and ours.param_groups[1]["lr"] == 3e-3
+    assert O.from_torch(ours) is ours
+    for _ in range(10):
+        _set_grads(a, b, torch.float32)
+        ours.step()
+        o2.step()
+    _assert_params(a, b, torch.float32, "from_torch")
+    with pytest.raises(TypeError, match="no native equivalent"):
+        O.from_torch(torch.optim.RMSprop(a))

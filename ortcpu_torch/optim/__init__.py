@@ -6,12 +6,14 @@ Every step is one native multi-tensor call per parameter group; ``max_grad_norm=
 fuses global-norm clipping into the step. ``clip_grad_norm_`` mirrors
 ``torch.nn.utils.clip_grad_norm_``. Learning-rate schedulers from ``torch.optim``
 work unchanged (hyper-parameters are re-read from ``param_groups`` at every step).
+``from_torch(opt)`` turns an existing torch AdamW/Adam/SGD into ours, state included.
 """
 
 from .adam import Adam
 from .adamw import AdamW
 from .clip_grad import clip_grad_norm_
+from .convert import from_torch
 from .sgd import SGD
 from .sgdv2 import SGDv2
 
-__all__ = ["AdamW", "Adam", "SGD", "SGDv2", "clip_grad_norm_"]
+__all__ = ["AdamW", "Adam", "SGD", "SGDv2", "clip_grad_norm_", "from_torch"]
