@@ -339,6 +339,8 @@ def test_bad_input():
     p.grad = i
     with pytest.raises(RuntimeError, match="sparse"):
         O.AdamW([p]).step()
+    with pytest.raises(RuntimeError, match="sparse"):
+        O.AdamW([p], max_grad_norm=1.0).step()  # the fused norm pass refuses it too
     c = torch.randn(3, dtype=torch.complex64, requires_grad=True)
     c.grad = torch.randn(3, dtype=torch.complex64)
     with pytest.raises(TypeError, match="complex64"):

@@ -194,6 +194,9 @@ class NativeOptimizer(Optimizer):
                 g = p.grad
                 if g is None:
                     continue
+                if not (p.dtype in NATIVE and g.dtype == p.dtype and g.layout == torch.strided
+                        and p.is_cpu):
+                    self._check_param(p, g, group)  # raises for what the update refuses
                 if g.dtype not in NATIVE:
                     g = g.to(torch.float32)
                 if not g.is_contiguous():
