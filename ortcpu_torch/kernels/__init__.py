@@ -7,6 +7,7 @@ returns one.
 """
 
 from . import activations  # noqa: F401  (registers its ops)
+from . import batchnorm, dropout, loss, norm  # noqa: F401  (issue 4: norms, losses, dropout)
 from ._registry import _OPS, get, names, register
 
 globals().update(_OPS)
