@@ -6,8 +6,13 @@ See DESIGN.md, "Registry call convention". ``names()`` lists the ops, ``get(name
 returns one.
 """
 
-from . import activations  # noqa: F401  (registers its ops)
-from . import batchnorm, dropout, loss, norm  # noqa: F401  (issue 4: norms, losses, dropout)
+from . import (  # noqa: F401  (each module registers its ops)
+    activations,
+    batchnorm,
+    dropout,
+    loss,
+    norm,
+)
 from ._registry import _OPS, get, names, register
 
 globals().update(_OPS)
