@@ -153,7 +153,7 @@ int ortcpu_batchnorm_backward_f64(const double *dy, const double *x, const doubl
  * forward: per-sample loss (may be NULL), log_prob (may be NULL), lse = max + log(sum
  *   exp) per sample (may be NULL); totals[0] = sum of losses, totals[1] = sum of the
  *   weights of non-ignored samples (their count without weights).
- * backward: d = (exp(src - shift) - target) * g, shift per sample (NULL: src is log_prob);
+ * backward: d = (exp(src - shift) * sum(target) - target) * g, shift per sample (NULL: src is log_prob);
  *   g = dy_scale * (dy ? dy[i] : 1) * weight; ignored samples get 0; add (may be NULL) is
  *   added elementwise. A label out of range fails with INDEX_OUT_OF_RANGE naming it.  */
 int ortcpu_sce_forward_f32(const float *x, const int64_t *label, const float *dense,

@@ -307,7 +307,9 @@ def SoftmaxCrossEntropy(logits, label, *, reduction: str = "mean", needs=None):
 @register
 def SoftmaxCrossEntropyGrad(dY, log_prob, label, *, reduction: str = "mean"):
     """com.microsoft SoftmaxCrossEntropyGrad: ``d_logits = (exp(log_prob) - label)·dY``
-    (÷ rows for mean; per-row dY for "none", which ORT 1.19.2 gets wrong)."""
+    (÷ rows for mean; per-row dY for "none", which ORT 1.19.2 gets wrong). Labels that do
+    not sum to 1 per row get the exact gradient ``exp(log_prob)·Σlabel - label`` (ORT
+    assumes Σlabel = 1)."""
     op = "SoftmaxCrossEntropyGrad"
     reduction = _reduction(op, reduction)
     lp = float_input(op, "log_prob", log_prob)
