@@ -1,6 +1,7 @@
 /* norm.c -- LayerNorm and RMSNorm (SimplifiedLayerNormalization), forward and
  * backward, float32 and float64 from one source (norm.inc). */
 #include "common.h"
+#include "blocksum.h"
 
 #define T float
 #define SFX f32
