@@ -40,7 +40,7 @@ def test_mask_statistics(p, dtype):
 def _with_mask(x, p, generator=None):
     from ortcpu_torch.ops.dropout import dropout_with_mask
 
-    return dropout_with_mask(x, p, True, generator)
+    return dropout_with_mask(x, p, True, generator=generator)
 
 
 def test_reproducible_under_seed_and_generator():
@@ -120,6 +120,21 @@ def test_registry_dropout_and_grad():
         K.DropoutGrad(dy, mask.float())
     with pytest.raises(ValueError, match="shape"):
         K.DropoutGrad(dy, mask[:3])
+
+
+def test_inplace():
+    x = torch.randn(100, 7, requires_grad=True)
+    h = x * 1.0
+    g = torch.Generator().manual_seed(4)
+    ref = ot.ops.dropout(h.detach().clone(), 0.3, generator=g)
+    g.manual_seed(4)
+    out = ot.ops.dropout(h, 0.3, True, True, generator=g)
+    assert out.data_ptr() == h.data_ptr() and torch.equal(out, ref)
+    out.sum().backward()
+    assert_close(x.grad, (ref != 0).float() / 0.7, rtol=1e-6, atol=0)
+    m = ot.nn.Dropout(0.5, inplace=True)
+    z = torch.ones(1000)
+    assert m(z) is z and float((z == 0).float().mean()) > 0.3
 
 
 def test_nn_dropout():

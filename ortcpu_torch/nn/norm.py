@@ -76,8 +76,7 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
 
 
 class Dropout(torch.nn.Dropout):
-    """Drop-in for ``torch.nn.Dropout(p, inplace)``. ``inplace=True`` is accepted for
-    compatibility but the result is a new tensor (the backward needs no input anyway)."""
+    """Drop-in for ``torch.nn.Dropout(p, inplace)``."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return ops.dropout(input, self.p, self.training)
+        return ops.dropout(input, self.p, self.training, self.inplace)
