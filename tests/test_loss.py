@@ -226,8 +226,11 @@ def test_nan_row_does_not_spread_and_big_logits():
     t = torch.randint(0, 10, (4,))
     per = ot.ops.cross_entropy(x, t, reduction="none")
     assert per[1].isnan() and not per[[0, 2, 3]].isnan().any()
-    big = torch.tensor([[1e4, 0.0, -1e4], [88.0, 89.0, 90.0]])
-    tb = torch.tensor([1, 0])
+    # the forward shifts by the row's first logit and falls back to the max when another
+    # logit exceeds it by > 60: both paths, and a -inf first logit
+    big = torch.tensor([[1e4, 0.0, -1e4], [88.0, 89.0, 90.0], [-1e4, 0.0, 50.0],
+                        [-float("inf"), 1.0, 2.0], [0.0, 59.0, 61.0]])
+    tb = torch.tensor([1, 0, 2, 1, 1])
     assert_close(ot.ops.cross_entropy(big, tb, reduction="none"),
                  F.cross_entropy(big, tb, reduction="none"), **L32)
 
