@@ -12,6 +12,7 @@ from . import (  # noqa: F401  (each module registers its ops)
     dropout,
     loss,
     norm,
+    summary,
 )
 from ._registry import _OPS, get, names, register
 
