@@ -189,6 +189,7 @@ int ortcpu_dropout_backward_f32(const float *dy, const uint8_t *mask, float *dx,
                                 double scale, int nthreads);
 int ortcpu_dropout_backward_f64(const double *dy, const uint8_t *mask, double *dx, int64_t n,
                                 double scale, int nthreads);
+
 /* ---- summaries (spec §16): histogram statistics and bucketing, event framing ----
  * Bucketing counts, for every value x, u(x) = #{i : edges[i] <= x} (an upper_bound on
  * the sorted `edges`, length nedges >= 1, no NaN). `lut` (ORTCPU_SUMMARY_LUT_SIZE int32)
