@@ -184,3 +184,34 @@ def test_bad_input():
         ot.ops.batch_norm(torch.randn(1, 3), None, None, training=True)
     with pytest.raises(ValueError, match="running_mean must have shape"):
         ot.ops.batch_norm(x, torch.zeros(2), torch.ones(3), training=True)
+
+
+@pytest.mark.parametrize("nthreads", [1, 2, 3])
+def test_multi_chunk_reductions(nthreads):
+    """Large enough that the per-chunk partial sums of several threads are combined."""
+    ot.set_num_threads(nthreads)
+    for shape in [(64, 8, 32, 32), (4096, 48)]:
+        c = shape[1]
+        x = torch.randn(shape, requires_grad=True)
+        w = torch.randn(c, requires_grad=True)
+        b = torch.randn(c, requires_grad=True)
+        dy = torch.randn(shape)
+        y = ot.ops.batch_norm(x, None, None, w, b, True)
+        g = torch.autograd.grad(y, (x, w, b), dy)
+        yr = F.batch_norm(x, None, None, w, b, True)
+        gr = torch.autograd.grad(yr, (x, w, b), dy)
+        assert_close(y, yr, **T32)
+        for a, r in zip(g, gr, strict=True):
+            assert_close(a, r, rtol=1e-4, atol=1e-4)
+    # layer norm's dscale / dbias and cross entropy's totals are per-chunk sums too
+    x = torch.randn(4096, 64, requires_grad=True)
+    w = torch.randn(64, requires_grad=True)
+    b = torch.randn(64, requires_grad=True)
+    dy = torch.randn(4096, 64)
+    g = torch.autograd.grad(ot.ops.layer_norm(x, (64,), w, b), (x, w, b), dy)
+    gr = torch.autograd.grad(F.layer_norm(x, (64,), w, b), (x, w, b), dy)
+    for a, r in zip(g, gr, strict=True):
+        assert_close(a, r, rtol=1e-4, atol=1e-4)
+    t = torch.randint(0, 64, (4096,))
+    assert_close(ot.ops.cross_entropy(x, t, label_smoothing=0.1),
+                 F.cross_entropy(x, t, label_smoothing=0.1), rtol=1e-5, atol=1e-5)
