@@ -185,6 +185,18 @@ def test_batchnormalization_inference(seed, dtype):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
+def test_batchnormalization_training(seed):
+    """ONNX-15 BatchNormalization with training_mode=1: Y, running_mean, running_var
+    (momentum·input + (1-momentum)·batch, biased batch variance, as ORT)."""
+    rng = _rng(seed, "bnt")
+    x, s, b, m, v = _bn_inputs(rng, np.float32)
+    attrs = {"training_mode": 1}
+    if rng.random() < 0.6:
+        attrs["momentum"] = float(rng.uniform(0.1, 0.99))
+    check_op("BatchNormalization", [x, s, b, m, v], attrs, num_outputs=3, **TOL)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 def test_batchnormalization_grad(seed):
     rng = _rng(seed, "bng")
     x, s, _, _, _ = _bn_inputs(rng, np.float32)
