@@ -7,6 +7,7 @@ returns one.
 """
 
 from . import activations  # noqa: F401  (registers its ops)
+from . import conv, gemm, pool  # noqa: F401  (issue 5: conv, pooling, MatMul/Gemm)
 from ._registry import _OPS, get, names, register
 
 globals().update(_OPS)
