@@ -6,8 +6,12 @@ See DESIGN.md, "Registry call convention". ``names()`` lists the ops, ``get(name
 returns one.
 """
 
-from . import activations  # noqa: F401  (registers its ops)
-from . import conv, gemm, pool  # noqa: F401  (issue 5: conv, pooling, MatMul/Gemm)
+from . import (  # noqa: F401  (each module registers its ops)
+    activations,  # noqa: F401  (registers its ops)
+    conv,
+    gemm,
+    pool,
+)
 from ._registry import _OPS, get, names, register
 
 globals().update(_OPS)

@@ -21,7 +21,9 @@ def int_list(op: str, name: str, value, n: int, default: int, minimum: int) -> l
     try:
         vals = list(value)
     except TypeError:
-        raise TypeError(f"{op}: {name} must be a list of ints, got {type(value).__name__}") from None
+        raise TypeError(
+            f"{op}: {name} must be a list of ints, got {type(value).__name__}"
+        ) from None
     if len(vals) != n or not all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
         raise ValueError(f"{op}: {name} must be {n} ints, got {value!r}")
     if any(v < minimum for v in vals):

@@ -1,5 +1,17 @@
 """``torch.nn``-compatible modules backed by ortcpu_torch kernels."""
 
 from .activations import GELU, LeakyReLU, LogSoftmax, Softmax
+from .conv import Conv1d, Conv2d, Conv3d
+from .pool import (
+    AdaptiveAvgPool2d,
+    AvgPool1d,
+    AvgPool2d,
+    AvgPool3d,
+    MaxPool1d,
+    MaxPool2d,
+    MaxPool3d,
+)
 
 __all__ = ["GELU", "LeakyReLU", "Softmax", "LogSoftmax"]
+__all__ += ["Conv1d", "Conv2d", "Conv3d", "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d",
+            "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool2d"]
