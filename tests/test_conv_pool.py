@@ -88,7 +88,7 @@ def test_conv_auto_pad(auto_pad, stride):
         pads = [0, 0, 0, 0]
     else:
         pads = []
-        for i, (n, kk) in enumerate(zip((10, 9), (4, 3), strict=True)):
+        for n, kk in zip((10, 9), (4, 3), strict=True):
             o = -(-n // stride)
             tot = max(0, (o - 1) * stride + kk - n)
             lo = tot // 2 if auto_pad == "SAME_UPPER" else tot - tot // 2
@@ -172,7 +172,8 @@ def test_conv_ops_forms():
     xt = torch.randn(3, 10, 12).transpose(1, 2)
     w2 = torch.randn(4, 3, 3, 3)
     torch.testing.assert_close(ops.conv2d(xt, w2, stride=(2, 1), padding=(1, 0)),
-                               F.conv2d(xt, w2, stride=(2, 1), padding=(1, 0)), **TOL[torch.float32])
+                               F.conv2d(xt, w2, stride=(2, 1), padding=(1, 0)),
+                               **TOL[torch.float32])
 
 
 # ---- pooling ---------------------------------------------------------------------------

@@ -115,7 +115,8 @@ int ortcpu_conv_backward_f64(const double *dy, const double *x, const double *w,
 /* ---- pooling (spec §6.2, §6.3), pool.c --------------------------------------
  * geom[22]: planes (N*C), in[3], kernel[3], out[3], strides[3], pads_begin[3],
  * pads_end[3], dilations[3]. idx (may be NULL): flat offsets into the whole input.
- * divisor > 0 overrides the average's window count. Global pools: op 0 avg, 1 max. */
+ * divisor > 0 overrides the average's window count; count_include_pad 1 counts the window
+ * clipped to the padded input (torch), 2 the whole kernel (ORT). Global: op 0 avg, 1 max. */
 int ortcpu_maxpool_forward_f32(const float *x, float *y, int64_t *idx, const int64_t *geom,
                                int nthreads);
 int ortcpu_maxpool_forward_f64(const double *x, double *y, int64_t *idx, const int64_t *geom,

@@ -7,6 +7,9 @@ builds those from Scale + Expand; the ops front end calls it directly).
 MaxPool: NaN in a window propagates (as in torch), ties pick the first maximum; Indices
 are flat offsets into the whole input (``storage_order=1``: column-major within the
 plane). ceil_mode drops a last window that would start in the end padding (torch's rule).
+AveragePool with count_include_pad=1 divides by the whole kernel volume, as ORT does, also
+where a ceil_mode window overhangs the end padding (torch, and so ``ops.avg_pool*``, count
+only the part inside the padded input: internal mode 2 vs 1 of ``avgpool_forward``).
 """
 
 from __future__ import annotations
@@ -117,7 +120,7 @@ def maxpool_backward(op, dY, Indices, x_shape):
 def avgpool_forward(op, X, count_include_pad=0, divisor=0, **attrs):
     X = float_input(op, "X", X)
     r = spatial_rank(op, "X", X)
-    cip = int_attr(op, "count_include_pad", int(count_include_pad), (0, 1))
+    cip = int_attr(op, "count_include_pad", int(count_include_pad), (0, 1, 2))
     geom, out = pool_geometry(op, X.shape, r, **attrs)
     Y = empty((X.shape[0], X.shape[1], *out), X.dtype)
     st = native_fn("avgpool_forward", X.dtype)(ptr(X), ptr(Y), geom, cip, divisor,
@@ -133,7 +136,7 @@ def avgpool_backward(op, dY, x_shape, count_include_pad=0, divisor=0, **attrs):
     if len(x_shape) != dY.dim() or tuple(x_shape[:2]) != tuple(dY.shape[:2]):
         raise ValueError(f"{op}: output_shape {list(x_shape)} must be [N, C, spatial...] "
                          f"matching dY {fmt_shape(dY)}")
-    cip = int_attr(op, "count_include_pad", int(count_include_pad), (0, 1))
+    cip = int_attr(op, "count_include_pad", int(count_include_pad), (0, 1, 2))
     attrs.pop("ceil_mode", None)
     geom, out = pool_geometry(op, x_shape, r, out_sizes=list(dY.shape[2:]), **attrs)
     # every output window must start inside the padded input
@@ -196,7 +199,8 @@ def MaxPoolGrad(dY, Indices, *, output_shape=None, **unused_attrs):
 def AveragePool(X, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, kernel_shape=None,
                 pads=None, strides=None):
     """ONNX AveragePool (1/2/3-D, count_include_pad, ceil_mode). Input: X. Output: Y."""
-    return avgpool_forward("AveragePool", X, count_include_pad, auto_pad=auto_pad,
+    cip = 2 * int_attr("AveragePool", "count_include_pad", count_include_pad, (0, 1))
+    return avgpool_forward("AveragePool", X, cip, auto_pad=auto_pad,
                            ceil_mode=ceil_mode, kernel_shape=kernel_shape, pads=pads,
                            strides=strides)
 
@@ -207,7 +211,8 @@ def AveragePoolGrad(dY, *, auto_pad="NOTSET", count_include_pad=0, kernel_shape=
     """AveragePoolGrad (ONNX domain, v9), correct in 3-D with overlapping windows. Input: dY.
     Keyword ``output_shape`` (the forward input's shape). Output: dX."""
     shp = _output_shape("AveragePoolGrad", output_shape, dY)
-    return avgpool_backward("AveragePoolGrad", dY, shp, count_include_pad, auto_pad=auto_pad,
+    cip = 2 * int_attr("AveragePoolGrad", "count_include_pad", count_include_pad, (0, 1))
+    return avgpool_backward("AveragePoolGrad", dY, shp, cip, auto_pad=auto_pad,
                             kernel_shape=kernel_shape, pads=pads, strides=strides)
 
 
