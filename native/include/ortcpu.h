@@ -125,6 +125,16 @@ int ortcpu_maxpool_backward_f32(const float *dy, const int64_t *idx, float *dx, 
                                 int64_t nx, int64_t planes, int nthreads);
 int ortcpu_maxpool_backward_f64(const double *dy, const int64_t *idx, double *dx, int64_t ny,
                                 int64_t nx, int64_t planes, int nthreads);
+/* 2x2 stride-2 unpadded max pool keeping a 1-byte argmax code (row*2+col) per window
+ * instead of Indices; the backward writes all of dx (ops front end fast path). */
+int ortcpu_maxpool2x2_forward_f32(const float *x, float *y, uint8_t *code, const int64_t *geom,
+                                  int nthreads);
+int ortcpu_maxpool2x2_forward_f64(const double *x, double *y, uint8_t *code,
+                                  const int64_t *geom, int nthreads);
+int ortcpu_maxpool2x2_backward_f32(const float *dy, const uint8_t *code, float *dx,
+                                   const int64_t *geom, int nthreads);
+int ortcpu_maxpool2x2_backward_f64(const double *dy, const uint8_t *code, double *dx,
+                                   const int64_t *geom, int nthreads);
 int ortcpu_avgpool_forward_f32(const float *x, float *y, const int64_t *geom,
                                int count_include_pad, int64_t divisor, int nthreads);
 int ortcpu_avgpool_forward_f64(const double *x, double *y, const int64_t *geom,

@@ -257,3 +257,33 @@ def global_pool_backward(op, dY, X, kind):
                                                     get_num_threads())
     check_status(st, op)
     return dX
+
+
+def is_2x2(geom) -> bool:
+    """The geometry of the 2x2 stride-2 unpadded fast path (native ``pool_is_2x2``)."""
+    ins, k, out, s = geom[1:4], geom[4:7], geom[7:10], geom[10:13]
+    pb, d = geom[13:16], geom[19:22]
+    return (k == [1, 2, 2] and s == [1, 2, 2] and pb == [0, 0, 0] and d == [1, 1, 1]
+            and out[0] == ins[0] and 2 * out[1] <= ins[1] and 2 * out[2] <= ins[2])
+
+
+def maxpool2x2_forward(op, X, geom, out):
+    """(Y, code): 2x2 stride-2 max pool keeping a 1-byte argmax code per window."""
+    from .._native import ffi
+
+    Y = empty((X.shape[0], X.shape[1], *out), X.dtype)
+    code = torch.empty(Y.shape, dtype=torch.uint8)
+    st = native_fn("maxpool2x2_forward", X.dtype)(
+        ptr(X), ptr(Y), ffi.cast("uint8_t *", code.data_ptr()), geom, get_num_threads())
+    check_status(st, op)
+    return Y, code
+
+
+def maxpool2x2_backward(op, dY, code, x_shape, geom):
+    from .._native import ffi
+
+    dX = empty(tuple(x_shape), dY.dtype)
+    st = native_fn("maxpool2x2_backward", dY.dtype)(
+        ptr(dY), ffi.cast("uint8_t *", code.data_ptr()), ptr(dX), geom, get_num_threads())
+    check_status(st, op)
+    return dX

@@ -14,9 +14,20 @@ from .conv import _tuple
 class _MaxPool(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, attrs: dict, want_indices: bool, op: str):
+        x = K.float_input(op, "input", x)
         need_idx = bool(ctx.needs_input_grad[0] or want_indices)
+        ctx.x_shape, ctx.op, ctx.geom = tuple(x.shape), op, None
+        if need_idx and not want_indices and x.dim() == 4:
+            geom, out = K.pool_geometry(op, x.shape, 2, **attrs)
+            if K.is_2x2(geom):
+                # fast path: 1-byte argmax codes instead of int64 Indices
+                y, code = K.maxpool2x2_forward(op, x, geom, out)
+                ctx.geom = geom
+                ctx.save_for_backward(code)
+                idx = torch.empty(0, dtype=torch.int64)
+                ctx.mark_non_differentiable(idx)
+                return y, idx
         y, idx = K.maxpool_forward(op, x, need_idx, **attrs)
-        ctx.x_shape, ctx.op = tuple(x.shape), op
         if idx is None:
             idx = torch.empty(0, dtype=torch.int64)
         ctx.save_for_backward(idx)
@@ -27,7 +38,11 @@ class _MaxPool(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy, _didx):
         (idx,) = ctx.saved_tensors
-        return K.maxpool_backward(ctx.op, dy.contiguous(), idx, ctx.x_shape), None, None, None
+        if ctx.geom is not None:
+            dx = K.maxpool2x2_backward(ctx.op, dy.contiguous(), idx, ctx.x_shape, ctx.geom)
+        else:
+            dx = K.maxpool_backward(ctx.op, dy.contiguous(), idx, ctx.x_shape)
+        return dx, None, None, None
 
 
 class _AvgPool(torch.autograd.Function):
