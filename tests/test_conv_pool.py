@@ -152,10 +152,10 @@ def test_conv2d_f32_grads_vs_torch_sweep(k, s, p, d, g):
 
 @pytest.mark.parametrize("r", [1, 2, 3])
 def test_conv_gradcheck(r):
-    sp = {1: (7,), 2: (5, 6), 3: (4, 3, 5)}[r]
-    x = torch.randn(2, 4, *sp, dtype=torch.float64, requires_grad=True)
-    w = torch.randn(4, 2, *([2] * r), dtype=torch.float64, requires_grad=True)
-    b = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    sp = {1: (7,), 2: (4, 5), 3: (3, 2, 4)}[r]
+    x = torch.randn(2, 2, *sp, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(2, 1, *([2] * r), dtype=torch.float64, requires_grad=True)
+    b = torch.randn(2, dtype=torch.float64, requires_grad=True)
     fn = {1: ops.conv1d, 2: ops.conv2d, 3: ops.conv3d}[r]
     assert torch.autograd.gradcheck(lambda x, w, b: fn(x, w, b, 2, 1, 1, 2), (x, w, b))
     assert torch.autograd.gradcheck(lambda x, w: fn(x, w, None, 1, "same", 2, 2), (x, w))
