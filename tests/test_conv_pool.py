@@ -334,6 +334,11 @@ def test_maxpool_nan_propagates():
         assert torch.equal(a.isnan(), b.isnan())
         torch.testing.assert_close(a, b, equal_nan=True)
     assert K.GlobalMaxPool(x).isnan().all()
+    # gradient through the 2x2 fast path lands on the NaN, as in torch
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ops.max_pool2d(xa, 2).sum().backward()
+    F.max_pool2d(xb, 2).sum().backward()
+    assert torch.equal(xa.grad, xb.grad)
 
 
 def test_maxpoolgrad_index_out_of_range():
