@@ -1,13 +1,16 @@
 """Conv / pooling (issue 5): ortcpu_torch vs PyTorch eager (oneDNN), float32, forward +
 backward including dX, as users run it (autograd, fresh outputs each call).
 
-    python -m benchmarks.conv_pool [--threads 2] [--reps 15] [--blas-compare]
+    python -m benchmarks.conv_pool [--threads 2] [--reps 15] [--blas-compare] [--cpu-time]
 
 Ours and torch alternate call by call; each time is the median over ``--reps`` rounds
 after warm-up; ratio = torch / ours. The load average and the CPU share other processes
 took during the run are printed: on a shared 2-core machine they decide whether the
 numbers mean anything. ``--blas-compare`` also times the conv cases with the *other*
 thread decision (our threads 1, OpenBLAS threads N) to document the choice in gemm.h.
+``--cpu-time`` (implies 1 thread) times with ``time.thread_time()`` instead of the wall
+clock: the CPU time of the calling thread, which other processes on a loaded machine
+disturb much less than wall time; it compares the work each side does, not its scaling.
 """
 
 from __future__ import annotations
@@ -66,7 +69,11 @@ def cases():
     return out
 
 
-def bench(threads: int, reps: int, blas_compare: bool) -> None:
+def bench(threads: int, reps: int, blas_compare: bool, cpu_time: bool = False) -> None:
+    clock = time.thread_time if cpu_time else time.perf_counter
+    if cpu_time:
+        threads = 1
+        print("clock: thread CPU time (1 thread)")
     torch.set_num_threads(threads)
     ortcpu_torch.set_num_threads(threads)
     print(f"threads={threads} reps={reps} loadavg(before)={os.getloadavg()[0]:.2f}")
@@ -78,12 +85,12 @@ def bench(threads: int, reps: int, blas_compare: bool) -> None:
             of()
         tt, to = [], []
         for _ in range(reps):
-            t = time.perf_counter()
+            t = clock()
             tf()
-            tt.append(time.perf_counter() - t)
-            t = time.perf_counter()
+            tt.append(clock() - t)
+            t = clock()
             of()
-            to.append(time.perf_counter() - t)
+            to.append(clock() - t)
         tt.sort()
         to.sort()
         mt, mo = tt[reps // 2], to[reps // 2]
@@ -121,5 +128,6 @@ if __name__ == "__main__":
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--blas-compare", action="store_true")
+    ap.add_argument("--cpu-time", action="store_true")
     a = ap.parse_args()
-    bench(a.threads, a.reps, a.blas_compare)
+    bench(a.threads, a.reps, a.blas_compare, a.cpu_time)
