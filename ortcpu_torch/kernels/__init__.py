@@ -6,11 +6,12 @@ See DESIGN.md, "Registry call convention". ``names()`` lists the ops, ``get(name
 returns one.
 """
 
-from . import (  # noqa: F401  (each module registers its ops)
+from . import (
     activations,  # noqa: F401  (registers its ops)
-    conv,
-    gemm,
-    pool,
+    conv,  # noqa: F401  (registers its ops)
+    gemm,  # noqa: F401  (registers its ops)
+    pool,  # noqa: F401  (registers its ops)
+    summary,  # noqa: F401  (registers its ops)
 )
 from ._registry import _OPS, get, names, register
 
