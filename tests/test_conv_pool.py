@@ -468,3 +468,25 @@ def test_bad_input():
     with pytest.raises(ValueError, match="does not broadcast"):
         K.Gemm(torch.randn(3, 4), torch.randn(4, 5), torch.randn(4))
     assert torch.equal(x, x_before)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_conv_threaded_paths(n):
+    """Big enough to go parallel: N=1 splits each GEMM over threads, N=3 splits the batch
+    unevenly and sums per-thread dW/dB partials."""
+    import ortcpu_torch
+
+    ortcpu_torch.set_num_threads(2)
+    x = torch.randn(n, 16, 30, 33, dtype=torch.float64)
+    w = torch.randn(32, 16, 3, 3, dtype=torch.float64)
+    b = torch.randn(32, dtype=torch.float64)
+    y = K.Conv(x, w, b, pads=[1, 1, 1, 1])
+    xr, wr, br = (t.clone().requires_grad_() for t in (x, w, b))
+    ref = F.conv2d(xr, wr, br, padding=1)
+    _close(y, ref.detach(), torch.float64)
+    g = torch.randn_like(ref)
+    ref.backward(g)
+    dx, dw, db = K.ConvGrad(g, x, w, pads=[1, 1, 1, 1])
+    _close(dx, xr.grad, torch.float64)
+    _close(dw, wr.grad, torch.float64)
+    _close(db, br.grad, torch.float64)
