@@ -90,6 +90,100 @@ int ortcpu_softmax_backward_f64(const double *dy, const double *y, double *dx,
                                 int64_t outer, int64_t dim, int64_t inner, int log_,
                                 int nthreads);
 
+/* ---- optimizers (spec §12) -------------------------------------------------
+ * Multi-tensor: one call updates a whole parameter group, given as arrays of
+ * `ntensors` pointers and element counts (`sizes`). Work is split over the
+ * concatenated element range, so threads share the group across and within
+ * tensors; every tensor is read and written in one pass. Updates are in place.
+ * Gradients are multiplied by `grad_scale` as they are read (fused clipping;
+ * pass 1.0 otherwise) and negated when `maximize`.
+ *
+ * Adam family, `mode` (ORTCPU_ADAM_*); bc1 = 1 - beta1^t, bc2 = 1 - beta2^t
+ * (1 when bias correction is off):
+ *  TORCH  (torch.optim.AdamW, ORT adam_mode 0): w *= 1 - lr*wd; m = lerp(m, g, 1-b1);
+ *         v = b2*v + (1-b2)*g*g; w -= (lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps)
+ *  HF     (ORT adam_mode 1): m, v as above; w -= lr*sqrt(bc2)/bc1 * m/(sqrt(v)+eps);
+ *         w -= lr*wd*w
+ *  L2     (torch.optim.Adam): g += wd*w, then TORCH without the decoupled decay
+ *  In TORCH and L2 modes `step_size` (lr/bc1) and `decay` (1 - lr*wd) are given by the
+ *  caller, already rounded as it wants them (torch rounds them to float32 for a tensor lr).
+ *  LEGACY (ORT AdamOptimizer): d = -lr*((m/bc1)/(sqrt(v/bc2)+eps) + wd*w); w += d;
+ *         delta (may be NULL) receives d
+ * `vmax` (may be NULL: no amsgrad) keeps max(vmax, v), used in place of v.   */
+enum {
+    ORTCPU_ADAM_TORCH = 0,
+    ORTCPU_ADAM_HF = 1,
+    ORTCPU_ADAM_L2 = 2,
+    ORTCPU_ADAM_LEGACY = 3
+};
+int ortcpu_adam_multi_f32(float *const *w, const float *const *g, float *const *m,
+                          float *const *v, float *const *vmax, float *const *delta,
+                          const int64_t *sizes, int64_t ntensors, double lr, double beta1,
+                          double beta2, double eps, double weight_decay, double bc1,
+                          double bc2, double step_size, double decay, int mode,
+                          int maximize, double grad_scale, int nthreads);
+int ortcpu_adam_multi_f64(double *const *w, const double *const *g, double *const *m,
+                          double *const *v, double *const *vmax, double *const *delta,
+                          const int64_t *sizes, int64_t ntensors, double lr, double beta1,
+                          double beta2, double eps, double weight_decay, double bc1,
+                          double bc2, double step_size, double decay, int mode,
+                          int maximize, double grad_scale, int nthreads);
+
+/* SGD (torch.optim.SGD; ORT SGDOptimizerV2 / SGDOptimizer with momentum 0):
+ *   g = ±g*grad_scale + wd*w;
+ *   momentum > 0: buf = init[i] ? g : momentum*buf + (1-dampening)*g;
+ *                 g = nesterov ? g + momentum*buf : buf
+ *   d = -lr*g;  w += d;  delta (may be NULL, may alias g) receives d.
+ * `buf` and `init` may be NULL when momentum == 0.                          */
+int ortcpu_sgd_multi_f32(float *const *w, const float *const *g, float *const *buf,
+                         float *const *delta, const uint8_t *init, const int64_t *sizes,
+                         int64_t ntensors, double lr, double momentum, double dampening,
+                         double weight_decay, int nesterov, int maximize, double grad_scale,
+                         int nthreads);
+int ortcpu_sgd_multi_f64(double *const *w, const double *const *g, double *const *buf,
+                         double *const *delta, const uint8_t *init, const int64_t *sizes,
+                         int64_t ntensors, double lr, double momentum, double dampening,
+                         double weight_decay, int nesterov, int maximize, double grad_scale,
+                         int nthreads);
+
+/* Optimizer step counters (torch keeps one float32 0-d tensor per parameter):
+ * *steps[i] += 1 and values[i] = the new count, for n counters in one call.       */
+int ortcpu_count_steps(float *const *steps, int64_t n, double *values);
+
+/* ---- gradient control (spec §10.2, §10.3, §13) -------------------------------
+ * Multi-tensor like the optimizers.
+ * norm: out[0] = sum |x|^p over every element of every tensor (p = 2: sum of
+ *   squares, p = 1: sum of |x|), accumulated in double; p = INFINITY: max |x|.
+ *   NaN anywhere gives NaN. No root is taken.
+ * scale: y[i] = x[i] * factor (y may alias x).
+ * axpy: y[i] += alpha * x[i].
+ * copy: y[i] = x[i].  zero: x[i] = 0.
+ * all_finite: *out = 1 when no element is inf (check_inf) or NaN (check_nan).  */
+int ortcpu_norm_multi_f32(const float *const *x, const int64_t *sizes, int64_t ntensors,
+                          double p, double *out, int nthreads);
+int ortcpu_norm_multi_f64(const double *const *x, const int64_t *sizes, int64_t ntensors,
+                          double p, double *out, int nthreads);
+int ortcpu_scale_multi_f32(const float *const *x, float *const *y, const int64_t *sizes,
+                           int64_t ntensors, double factor, int nthreads);
+int ortcpu_scale_multi_f64(const double *const *x, double *const *y, const int64_t *sizes,
+                           int64_t ntensors, double factor, int nthreads);
+int ortcpu_axpy_multi_f32(const float *const *x, float *const *y, const int64_t *sizes,
+                          int64_t ntensors, double alpha, int nthreads);
+int ortcpu_axpy_multi_f64(const double *const *x, double *const *y, const int64_t *sizes,
+                          int64_t ntensors, double alpha, int nthreads);
+int ortcpu_copy_multi_f32(const float *const *x, float *const *y, const int64_t *sizes,
+                          int64_t ntensors, int nthreads);
+int ortcpu_copy_multi_f64(const double *const *x, double *const *y, const int64_t *sizes,
+                          int64_t ntensors, int nthreads);
+int ortcpu_zero_multi_f32(float *const *x, const int64_t *sizes, int64_t ntensors,
+                          int nthreads);
+int ortcpu_zero_multi_f64(double *const *x, const int64_t *sizes, int64_t ntensors,
+                          int nthreads);
+int ortcpu_all_finite_multi_f32(const float *const *x, const int64_t *sizes, int64_t ntensors,
+                                int check_inf, int check_nan, int *out, int nthreads);
+int ortcpu_all_finite_multi_f64(const double *const *x, const int64_t *sizes,
+                                int64_t ntensors, int check_inf, int check_nan, int *out,
+                                int nthreads);
 /* ---- summaries (spec §16): histogram statistics and bucketing, event framing ----
  * Bucketing counts, for every value x, u(x) = #{i : edges[i] <= x} (an upper_bound on
  * the sorted `edges`, length nedges >= 1, no NaN). `lut` (ORTCPU_SUMMARY_LUT_SIZE int32)

@@ -6,12 +6,14 @@ See DESIGN.md, "Registry call convention". ``names()`` lists the ops, ``get(name
 returns one.
 """
 
-from . import (
-    activations,  # noqa: F401  (registers its ops)
-    conv,  # noqa: F401  (registers its ops)
-    gemm,  # noqa: F401  (registers its ops)
-    pool,  # noqa: F401  (registers its ops)
-    summary,  # noqa: F401  (registers its ops)
+from . import (  # noqa: F401  (each module registers its ops)
+    activations,
+    conv,
+    gemm,
+    grad_control,
+    optim,
+    pool,
+    summary,
 )
 from ._registry import _OPS, get, names, register
 
