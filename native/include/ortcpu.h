@@ -329,4 +329,77 @@ int ortcpu_gemm_f64(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, d
                     const double *a, int64_t lda, const double *b, int64_t ldb, double beta,
                     double *c, int64_t ldc);
 
+/* ---- convolution (spec §6.1), conv.c --------------------------------------
+ * geom[22]: N, C, M, group, in[3], kernel[3], out[3], strides[3], pads_begin[3],
+ * dilations[3] (1-D/2-D as 3-D with leading sizes 1). x [N,C,in], w [M,C/group,kernel],
+ * b [M] or NULL, y [N,M,out]. Backward: any of dx, dw, db may be NULL.          */
+int ortcpu_conv_forward_f32(const float *x, const float *w, const float *b, float *y,
+                            const int64_t *geom, int nthreads);
+int ortcpu_conv_forward_f64(const double *x, const double *w, const double *b, double *y,
+                            const int64_t *geom, int nthreads);
+int ortcpu_conv_backward_f32(const float *dy, const float *x, const float *w, float *dx,
+                             float *dw, float *db, const int64_t *geom, int nthreads);
+int ortcpu_conv_backward_f64(const double *dy, const double *x, const double *w, double *dx,
+                             double *dw, double *db, const int64_t *geom, int nthreads);
+
+/* ---- pooling (spec §6.2, §6.3), pool.c --------------------------------------
+ * geom[22]: planes (N*C), in[3], kernel[3], out[3], strides[3], pads_begin[3],
+ * pads_end[3], dilations[3]. idx (may be NULL): flat offsets into the whole input.
+ * divisor > 0 overrides the average's window count; count_include_pad 1 counts the window
+ * clipped to the padded input (torch), 2 the whole kernel (ORT). Global: op 0 avg, 1 max. */
+int ortcpu_maxpool_forward_f32(const float *x, float *y, int64_t *idx, const int64_t *geom,
+                               int nthreads);
+int ortcpu_maxpool_forward_f64(const double *x, double *y, int64_t *idx, const int64_t *geom,
+                               int nthreads);
+int ortcpu_maxpool_backward_f32(const float *dy, const int64_t *idx, float *dx, int64_t ny,
+                                int64_t nx, int64_t planes, int nthreads);
+int ortcpu_maxpool_backward_f64(const double *dy, const int64_t *idx, double *dx, int64_t ny,
+                                int64_t nx, int64_t planes, int nthreads);
+/* 2x2 stride-2 unpadded max pool keeping a 1-byte argmax code (row*2+col) per window
+ * instead of Indices; the backward writes all of dx (ops front end fast path). */
+int ortcpu_maxpool2x2_forward_f32(const float *x, float *y, uint8_t *code, const int64_t *geom,
+                                  int nthreads);
+int ortcpu_maxpool2x2_forward_f64(const double *x, double *y, uint8_t *code,
+                                  const int64_t *geom, int nthreads);
+int ortcpu_maxpool2x2_backward_f32(const float *dy, const uint8_t *code, float *dx,
+                                   const int64_t *geom, int nthreads);
+int ortcpu_maxpool2x2_backward_f64(const double *dy, const uint8_t *code, double *dx,
+                                   const int64_t *geom, int nthreads);
+int ortcpu_avgpool_forward_f32(const float *x, float *y, const int64_t *geom,
+                               int count_include_pad, int64_t divisor, int nthreads);
+int ortcpu_avgpool_forward_f64(const double *x, double *y, const int64_t *geom,
+                               int count_include_pad, int64_t divisor, int nthreads);
+int ortcpu_avgpool_backward_f32(const float *dy, float *dx, const int64_t *geom,
+                                int count_include_pad, int64_t divisor, int nthreads);
+int ortcpu_avgpool_backward_f64(const double *dy, double *dx, const int64_t *geom,
+                                int count_include_pad, int64_t divisor, int nthreads);
+int ortcpu_global_pool_forward_f32(const float *x, float *y, int64_t planes, int64_t size,
+                                   int op, int nthreads);
+int ortcpu_global_pool_forward_f64(const double *x, double *y, int64_t planes, int64_t size,
+                                   int op, int nthreads);
+int ortcpu_global_pool_backward_f32(const float *dy, const float *x, float *dx,
+                                    int64_t planes, int64_t size, int op, int nthreads);
+int ortcpu_global_pool_backward_f64(const double *dy, const double *x, double *dx,
+                                    int64_t planes, int64_t size, int op, int nthreads);
+
+/* ---- MatMul / Gemm, gemm.c ----------------------------------------------------
+ * Thread decision: OpenBLAS is pinned to 1 thread at load (ortcpu_blas_set_num_threads);
+ * parallel GEMM = OpenMP threads each running single-threaded OpenBLAS on a slab.
+ * gemm_mt: as ortcpu_gemm_* with nthreads. matmul: c[i] (m x n) = a[a_off[i]] (m x k)
+ * . b[b_off[i]] (k x n), offsets in elements, checked against a_len / b_len.      */
+void ortcpu_blas_set_num_threads(int n);
+int ortcpu_blas_get_num_threads(void);
+int ortcpu_gemm_mt_f32(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                       const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                       float *c, int64_t ldc, int nthreads);
+int ortcpu_gemm_mt_f64(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                       double alpha, const double *a, int64_t lda, const double *b,
+                       int64_t ldb, double beta, double *c, int64_t ldc, int nthreads);
+int ortcpu_matmul_f32(const float *a, const float *b, float *c, int64_t batch,
+                      const int64_t *a_off, const int64_t *b_off, int64_t m, int64_t n,
+                      int64_t k, int64_t a_len, int64_t b_len, int nthreads);
+int ortcpu_matmul_f64(const double *a, const double *b, double *c, int64_t batch,
+                      const int64_t *a_off, const int64_t *b_off, int64_t m, int64_t n,
+                      int64_t k, int64_t a_len, int64_t b_len, int nthreads);
+
 #endif

@@ -9,11 +9,14 @@ returns one.
 from . import (  # noqa: F401  (each module registers its ops)
     activations,
     batchnorm,
+    conv,
     dropout,
+    gemm,
     grad_control,
     loss,
     norm,
     optim,
+    pool,
     summary,
 )
 from ._registry import _OPS, get, names, register
