@@ -604,7 +604,7 @@ class _KernelMode(TorchFunctionMode):
         state.fell_back(entry.name, entry.name, stats, reason)
         return func(*args, **kwargs)
 
-    def report(self, file=sys.stdout):
+    def report(self, file="stdout"):
         return report(self, file=file)
 
 
@@ -820,10 +820,11 @@ def _reasons(stats: _Stats) -> dict:
     return {msg: n for msg, n in stats.reasons.values()}
 
 
-def report(model, file=sys.stdout) -> Report:
-    """Print (to ``file``; None: do not print) and return which modules and functionals
-    of a wrapped ``model`` (or a ``kernels_enabled()`` context) ran on ortcpu_torch
-    kernels, which fell back to torch and why, and what happened to the optimizer."""
+def report(model, file="stdout") -> Report:
+    """Print (to ``file``, default ``sys.stdout``; None: do not print) and return which
+    modules and functionals of a wrapped ``model`` (or a ``kernels_enabled()`` context) ran
+    on ortcpu_torch kernels, which fell back to torch and why, and what happened to the
+    optimizer."""
     if isinstance(model, _KernelMode):
         state = model.state
     else:
@@ -862,7 +863,7 @@ def report(model, file=sys.stdout) -> Report:
             lines.append(f"  {d['name']:<28} {d['calls_ours']} / {d['calls_torch']}")
             lines.extend(f"      on torch {n}x: {msg}" for msg, n in d["reasons"].items())
     else:
-        lines.append("functionals called during forward: none yet (run a forward first)")
+        lines.append("functionals routed during forward: none called so far")
     lines.append("functionals routable in this build: " + (", ".join(avail) or "none"))
     if missing:
         lines.append("not yet in this build (run on torch): " + ", ".join(missing))
@@ -871,5 +872,5 @@ def report(model, file=sys.stdout) -> Report:
     rep = Report(state.fallback, mods, skipped, torch_only, funcs, avail, missing,
                  state.optimizer, "\n".join(lines))
     if file is not None:
-        print(rep.text, file=file)
+        print(rep.text, file=sys.stdout if file == "stdout" else file)
     return rep
