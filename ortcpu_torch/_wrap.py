@@ -113,7 +113,17 @@ class ModuleEntry:
         return getattr(_onn, self.ours_name, None)
 
 
-MODULES: tuple[ModuleEntry, ...] = tuple(ModuleEntry(n) for n in (
+def _rnn_args(cls: type, m: torch.nn.Module) -> dict:
+    """torch's LSTM/GRU take ``*args, **kwargs``: their configuration spelled out."""
+    out = {k: getattr(m, k) for k in ("input_size", "hidden_size", "num_layers", "bias",
+                                      "batch_first", "dropout", "bidirectional")}
+    if getattr(m, "proj_size", 0):
+        out["proj_size"] = m.proj_size  # the counterpart may refuse it: then not swapped
+    return out
+
+
+MODULES: tuple[ModuleEntry, ...] = tuple(
+    ModuleEntry(n, args=_rnn_args) if n in ("LSTM", "GRU") else ModuleEntry(n) for n in (
     # activations (main)
     "GELU", "LeakyReLU", "Softmax", "LogSoftmax",
     # normalization / loss / dropout (issue 4)

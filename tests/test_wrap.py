@@ -644,11 +644,10 @@ def _first_tensor(out):
     return out[0] if isinstance(out, tuple) else out
 
 
-@pytest.mark.parametrize("name", [e.torch_name for e in MODULES
-                                  if e.torch_name != "CrossEntropyLoss"])
-def test_each_table_module_swaps_and_matches_torch(name):
-    if not hasattr(ONN, name):
-        pytest.skip(f"ortcpu_torch.nn.{name} not merged yet")
+_TABLE_NAMES = [e.torch_name for e in MODULES if e.torch_name != "CrossEntropyLoss"]
+
+
+def _check_module_swap(name):
     make, data = _module_cases()[name]
     torch_mod = make()
     holder = nn.Sequential(torch_mod)
@@ -677,8 +676,54 @@ def test_each_table_module_swaps_and_matches_torch(name):
     for b, c in zip(holder.buffers(), ref.buffers(), strict=True):  # running stats
         torch.testing.assert_close(b, c, rtol=1e-5, atol=1e-6)
     assert report(holder, file=None).modules[0]["calls_ours"] == 1
+    clone = copy.deepcopy(holder)
+    torch.testing.assert_close(_first_tensor(clone(x)), _first_tensor(holder(x)))
     unwrap(holder)
     assert type(holder[0]) is type(torch_mod)
+
+
+@pytest.mark.parametrize("name", _TABLE_NAMES)
+def test_each_table_module_swaps_and_matches_torch(name):
+    if not hasattr(ONN, name):
+        pytest.skip(f"ortcpu_torch.nn.{name} not merged yet")
+    _check_module_swap(name)
+
+
+@pytest.fixture
+def stand_ins(monkeypatch):
+    """Stand-in counterparts for the families not merged yet: plain subclasses of the torch
+    module (torch's constructor, parameters, caches -- LSTM's ``_flat_weights``). They
+    exercise the generic machinery now -- construction on the meta device from the
+    torch module's attributes (``bias`` as a bool for LayerNorm/Conv*), re-pointing
+    parameters and buffers, state_dict order -- without claiming anything about kernels."""
+    from ortcpu_torch import _wrap
+
+    created = {}
+    for e in MODULES:
+        if not hasattr(ONN, e.torch_name):
+            created[e.torch_name] = type(e.torch_name, (e.torch_cls,), {})
+            monkeypatch.setattr(ONN, e.torch_name, created[e.torch_name], raising=False)
+    monkeypatch.setattr(_wrap, "_WRAPPED", {})
+    return created
+
+
+@pytest.mark.parametrize("name", _TABLE_NAMES)
+def test_table_entry_machinery_with_stand_in_counterparts(name, stand_ins):
+    if name not in stand_ins:
+        pytest.skip(f"the real ortcpu_torch.nn.{name} is tested above")
+    _check_module_swap(name)
+
+
+def test_stand_in_with_other_parameter_names_is_refused(monkeypatch, stand_ins):
+    class LayerNorm(nn.Module):  # a counterpart that does not mirror torch's names
+        def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True):
+            super().__init__()
+            self.gamma = nn.Parameter(torch.ones(normalized_shape))
+
+    monkeypatch.setattr(ONN, "LayerNorm", LayerNorm)
+    holder = wrap(nn.Sequential(nn.LayerNorm(4)))
+    assert type(holder[0]) is nn.LayerNorm
+    assert "parameters/buffers" in report(holder, file=None).skipped[0]["reason"]
 
 
 @needs_nn("CrossEntropyLoss")
@@ -714,6 +759,27 @@ def test_functional_routing_of_later_families(op):
     with kernels_enabled(fallback="error") as ctx:
         out = fn(*args)
     torch.testing.assert_close(out, fn(*args), rtol=1e-5, atol=1e-5)
+    assert report(ctx, file=None).functionals[0]["calls_ours"] == 1
+
+
+@pytest.mark.parametrize("op", sorted(_F_CASES))
+def test_functional_routing_machinery_with_stand_in_ops(op, monkeypatch):
+    """A stand-in op taking ``**kwargs`` receives torch's arguments by name (the binding
+    every FuncEntry relies on), without torch-only implementation arguments."""
+    if hasattr(OPS, op):
+        pytest.skip(f"the real ortcpu_torch.ops.{op} is tested above")
+    fn, args = _F_CASES[op]()
+    seen = []
+
+    def stand_in(**kwargs):
+        seen.append(sorted(kwargs))
+        return fn(**kwargs)
+
+    monkeypatch.setattr(OPS, op, stand_in, raising=False)
+    with kernels_enabled(fallback="error") as ctx:
+        out = fn(*args)
+    torch.testing.assert_close(out, fn(*args))
+    assert len(seen) == 1 and "input" in seen[0] and "_stacklevel" not in seen[0]
     assert report(ctx, file=None).functionals[0]["calls_ours"] == 1
 
 
