@@ -367,7 +367,22 @@ class _State:
                 warnings.warn(f"ortcpu_torch.wrap: {kind} falls back to torch: {reason}. "
                               "(Warned once per type and reason; fallback='silent' hides "
                               "this, ortcpu_torch.report(model) counts it.)",
-                              FallbackWarning, stacklevel=4)
+                              FallbackWarning, stacklevel=_user_stacklevel())
+
+
+_INTERNAL_DIRS = (
+    __file__.rsplit("/", 1)[0] + "/",  # ortcpu_torch
+    torch.__file__.rsplit("/", 1)[0] + "/",  # torch
+)
+
+
+def _user_stacklevel() -> int:
+    """stacklevel for warnings.warn pointing at the first frame outside torch and
+    ortcpu_torch: the user's line that called the model (or the functional)."""
+    f, level = sys._getframe(1), 1
+    while f is not None and f.f_code.co_filename.startswith(_INTERNAL_DIRS):
+        f, level = f.f_back, level + 1
+    return level
 
 
 # ---- swapped modules -------------------------------------------------------------------
@@ -514,6 +529,7 @@ def _build_swap(entry: ModuleEntry, m: torch.nn.Module, qualname: str, state: _S
     for d in _HOOK_DICTS:  # hooks registered on the original keep firing (same dicts)
         if hasattr(m, d):
             setattr(new, d, getattr(m, d))
+    new._is_full_backward_hook = getattr(m, "_is_full_backward_hook", None)
     new.training = m.training
     attrs = tuple(k for k in m.__dict__ if not k.startswith("_") and k in new.__dict__
                   and k != "training")
