@@ -785,17 +785,32 @@ def _swap_optimizer(model, optimizer, state: _State):
             if g.get(k):
                 state.optimizer = f"torch.optim.{name} kept: {k}=True is not supported"
                 return optimizer
+    # a torch setting our optimizer does not take must be at torch's default, else keep
+    # torch's optimizer (it changes the arithmetic); keys torch's constructor does not
+    # know (e.g. an LR scheduler's initial_lr) are carried over as they are
+    torch_defaults = {k: p.default for k, p in
+                      inspect.signature(type(optimizer).__init__).parameters.items()}
     groups = []
     for g in optimizer.param_groups:
-        opts = {k: v for k, v in g.items() if k not in _OPTIM_KEEP_OUT}
-        if accepted is not None:
-            extra = {k: v for k, v in opts.items() if k not in accepted}
-            opts = {k: v for k, v in opts.items() if k in accepted}
-        else:
-            extra = {}
+        opts, extra = {}, {}
+        for k, v in g.items():
+            if k in _OPTIM_KEEP_OUT:
+                continue
+            if accepted is None or k in accepted:
+                opts[k] = v
+            elif k in torch_defaults:
+                d = torch_defaults[k]
+                if not (v is d or (not isinstance(v, torch.Tensor) and v == d)):
+                    state.optimizer = f"torch.optim.{name} kept: {k}={v!r} is not supported " \
+                                      f"by ortcpu_torch.optim.{name}"
+                    return optimizer
+            else:
+                extra[k] = v
         groups.append((g, opts, extra))
+    defaults = {k: v for k, v in optimizer.defaults.items() if k not in _OPTIM_KEEP_OUT
+                and (accepted is None or k in accepted)}
     try:
-        new = ours([{"params": g["params"], **opts} for g, opts, _ in groups])
+        new = ours([{"params": g["params"], **opts} for g, opts, _ in groups], **defaults)
     except (TypeError, ValueError) as e:
         state.optimizer = f"torch.optim.{name} kept: ortcpu_torch.optim.{name} rejected " \
                           f"its settings: {e}"

@@ -606,6 +606,73 @@ def test_optimize_training_continues_like_torch():
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
 
 
+@pytest.fixture
+def stand_in_optim(monkeypatch):
+    """A stand-in ``ortcpu_torch.optim`` (torch's optimizers under our names, with a
+    narrower AdamW signature) to exercise optimize()'s carry-over before issue 3 lands."""
+    import sys
+    import types
+
+    if _optim() is not None:
+        pytest.skip("the real ortcpu_torch.optim is tested above")
+
+    class AdamW(torch.optim.AdamW):
+        def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                     *, maximize=False):
+            super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                             maximize=maximize)
+
+    class SGD(torch.optim.SGD):
+        pass
+
+    mod = types.ModuleType("ortcpu_torch.optim")
+    mod.AdamW, mod.SGD = AdamW, SGD
+    monkeypatch.setitem(sys.modules, "ortcpu_torch.optim", mod)
+    return mod
+
+
+def test_optimize_carries_groups_and_state_with_stand_in(stand_in_optim):
+    model = MLP()
+    ref = copy.deepcopy(model)
+    groups = lambda m: [{"params": list(m.fc1.parameters()), "lr": 2e-2},  # noqa: E731
+                        {"params": [p for n, p in m.named_parameters()
+                                    if not n.startswith("fc1")], "weight_decay": 0.3}]
+    opt = torch.optim.AdamW(groups(model), lr=1e-2, fused=True)
+    opt_r = torch.optim.AdamW(groups(ref), lr=1e-2, fused=True)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 3)  # sets initial_lr in the groups
+    batches = [mlp_data() for _ in range(8)]
+    for i, (x, y) in enumerate(batches):
+        if i == 4:
+            old_state = {p: dict(s) for p, s in opt.state.items()}
+            model, opt = optimize(model, opt)
+            assert isinstance(opt, stand_in_optim.AdamW)
+            assert [g["lr"] for g in opt.param_groups] == [2e-2, 1e-2]
+            assert [g["weight_decay"] for g in opt.param_groups] == [1e-2, 0.3]
+            assert opt.param_groups[0]["initial_lr"] == 2e-2
+            for p, s in old_state.items():
+                assert opt.state[p]["exp_avg"] is s["exp_avg"]
+            assert "replaced by ortcpu_torch.optim.AdamW" in report(model, file=None).optimizer
+        for m, o in ((model, opt), (ref, opt_r)):
+            o.zero_grad()
+            mlp_loss(m, x, y).backward()
+            o.step()
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    del sched
+
+
+def test_optimize_keeps_torch_for_settings_ours_lacks(stand_in_optim):
+    model = MLP()
+    opt = torch.optim.AdamW(model.parameters(), amsgrad=True)
+    assert optimize(model, opt)[1] is opt
+    assert "amsgrad=True is not supported" in report(model, file=None).optimizer
+    opt = torch.optim.Adam(model.parameters())
+    assert optimize(model, opt)[1] is opt  # the stand-in has no Adam
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    new = optimize(model, sgd)[1]
+    assert isinstance(new, stand_in_optim.SGD) and new.param_groups[0]["momentum"] == 0.9
+
+
 # ---- families not on main yet: activate when merged ------------------------------------
 
 
