@@ -685,6 +685,14 @@ def wrap(model: torch.nn.Module, *, fallback: str = "warn", include=None, exclud
     matched against the torch class name (``"LayerNorm"``), the functional (``"F.gelu"``,
     ``"torch.softmax"``) or its op name (``"gelu"``), and the submodule's qualified name
     (``"encoder.*.norm1"``). With ``include``, only what matches is swapped or routed.
+    Submodule names select module swaps only: a functional is routed or not by its own
+    name, wherever it is called from.
+
+    Only the root module's forward turns functional routing on: calling a submodule
+    directly runs its swapped modules on our kernels but its functionals on torch. While
+    routing is on, torch's fused inference fast paths that refuse tensors with
+    ``__torch_function__`` handling (e.g. ``TransformerEncoderLayer`` in eval mode) take
+    their regular path instead.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"wrap: model must be a torch.nn.Module, got {type(model).__name__}")
@@ -893,8 +901,13 @@ def report(model, file="stdout") -> Report:
         lines.append("modules swapped: none")
     if skipped:
         lines.append("modules left on torch:")
-        lines.extend(f"  {d['name'] or '(root)':<28} torch.nn.{d['type']}: {d['reason']}"
-                     for d in skipped)
+        grouped: dict[tuple, list] = {}
+        for d in skipped:
+            grouped.setdefault((d["type"], d["reason"]), []).append(d["name"] or "(root)")
+        for (t, r), names in grouped.items():
+            where = names[0] if len(names) == 1 else \
+                f"{len(names)}x: {', '.join(names[:3])}{', ...' if len(names) > 3 else ''}"
+            lines.append(f"  torch.nn.{t} ({where}): {r}")
     if torch_only:
         lines.append("torch.nn layers with no ortcpu_torch kernel (run on torch): " + ", ".join(
             f"{k} x{v}" for k, v in sorted(torch_only.items())))
