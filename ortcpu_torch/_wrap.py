@@ -332,6 +332,7 @@ class _State:
         self.warned: set = set()
         self.optimizer: str | None = None
         self.torch_only: dict[str, int] = {}  # torch.nn leaf type -> count, no kernel of ours
+        self.func_selected: dict[str, bool] = {}  # functional name -> include/exclude says
         self._local = threading.local()
 
     def __getstate__(self):
@@ -606,7 +607,10 @@ class _KernelMode(TorchFunctionMode):
         if entry is None:
             return func(*args, **kwargs)
         state = self.state
-        if getattr(state._local, "suppress", 0) or not state.selected(entry.name, entry.op):
+        sel = state.func_selected.get(entry.name)
+        if sel is None:
+            sel = state.func_selected[entry.name] = state.selected(entry.name, entry.op)
+        if not sel or getattr(state._local, "suppress", 0):
             return func(*args, **kwargs)
         stats = state.funcs.get(entry.name)
         if stats is None:
