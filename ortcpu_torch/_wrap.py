@@ -77,7 +77,7 @@ def _attrs_args(cls: type, m: torch.nn.Module) -> dict:
     default is a bool but whose attribute is a tensor or None (``bias`` of LayerNorm and
     Conv*) becomes "is present"."""
     out = {}
-    for name, p in inspect.signature(cls.__init__).parameters.items():
+    for name, p in _init_params(cls).items():
         if name in ("self", "device", "dtype") or name.startswith("_") or \
                 p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
@@ -88,6 +88,20 @@ def _attrs_args(cls: type, m: torch.nn.Module) -> dict:
             v = v is not None
         out[name] = v
     return out
+
+
+def _init_params(cls: type) -> dict:
+    """The constructor parameters of ``cls``; an ``__init__(self, *args, **kwargs)`` that
+    only forwards (a counterpart subclassing torch's module) is looked through to the
+    first class in the MRO that spells its parameters out."""
+    for c in cls.__mro__:
+        init = c.__dict__.get("__init__")
+        if init is None:
+            continue
+        ps = inspect.signature(init).parameters
+        if not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in ps.values()):
+            return dict(ps)
+    return {}
 
 
 @dataclass(frozen=True)
@@ -710,6 +724,8 @@ def wrap(model: torch.nn.Module, *, fallback: str = "warn", include=None, exclud
         if _INFO_ATTR in m.__dict__:
             continue
         entry = by_cls.get(type(m))
+        if entry is None and type(m).__module__.startswith(__package__ + "."):
+            continue  # already one of ours (e.g. ortcpu_torch.nn.GELU used directly)
         if entry is None:
             base = next((c for c in type(m).__mro__[1:] if c in by_cls), None)
             if base is not None:
