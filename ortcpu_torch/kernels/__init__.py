@@ -6,7 +6,10 @@ See DESIGN.md, "Registry call convention". ``names()`` lists the ops, ``get(name
 returns one.
 """
 
-from . import activations  # noqa: F401  (registers its ops)
+from . import (
+    activations,  # noqa: F401  (registers its ops)
+    summary,  # noqa: F401  (registers its ops)
+)
 from ._registry import _OPS, get, names, register
 
 globals().update(_OPS)
