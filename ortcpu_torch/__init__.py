@@ -1,9 +1,10 @@
 """ortcpu_torch: ONNX Runtime's CPU training kernels, re-implemented in C, for PyTorch.
 
 - ``ortcpu_torch.kernels``: the registry, keyed by ORT op name;
-- ``ortcpu_torch.ops`` / ``ortcpu_torch.nn``: autograd functions and torch.nn modules;
-- ``ortcpu_torch.wrap(model)`` / ``optimize(model, optimizer)``: one-line wrapping of an
-  existing model and training loop (``unwrap``, ``report``, ``kernels_enabled``).
+- ``ortcpu_torch.ops`` / ``ortcpu_torch.nn``: autograd functions and torch.nn modules.
+
+One-line wrapping of an existing model and training loop: ``ortcpu_torch.wrap(model)``,
+``optimize(model, optimizer)``, ``unwrap``, ``report``, ``kernels_enabled``.
 """
 
 from . import kernels, nn, ops  # noqa: E402  (after the extension is loaded)
@@ -14,15 +15,6 @@ from ._native import (
     memory_stats,
     set_cache_limit,
     set_num_threads,
-)
-from ._wrap import (  # noqa: E402
-    FallbackError,
-    FallbackWarning,
-    kernels_enabled,
-    optimize,
-    report,
-    unwrap,
-    wrap,
 )
 
 __version__ = "0.1.0"
@@ -37,11 +29,18 @@ __all__ = [
     "kernels",
     "nn",
     "ops",
-    "FallbackError",
-    "FallbackWarning",
-    "kernels_enabled",
-    "optimize",
-    "report",
-    "unwrap",
-    "wrap",
 ]
+
+# one-line wrapping (kept in a block of its own: other families add to the lists above)
+from ._wrap import (  # noqa: E402
+    FallbackError,
+    FallbackWarning,
+    kernels_enabled,
+    optimize,
+    report,
+    unwrap,
+    wrap,
+)
+
+__all__ += ["FallbackError", "FallbackWarning", "kernels_enabled", "optimize", "report",
+            "unwrap", "wrap"]
