@@ -707,7 +707,9 @@ def wrap(model: torch.nn.Module, *, fallback: str = "warn", include=None, exclud
     name, wherever it is called from.
 
     Only the root module's forward turns functional routing on: calling a submodule
-    directly runs its swapped modules on our kernels but its functionals on torch. While
+    directly runs its swapped modules on our kernels but its functionals on torch, and a
+    loss computed outside ``model.forward`` stays on torch unless it is wrapped too
+    (``criterion = wrap(nn.CrossEntropyLoss())``) or runs under ``kernels_enabled()``. While
     routing is on, torch's fused inference fast paths that refuse tensors with
     ``__torch_function__`` handling (e.g. ``TransformerEncoderLayer`` in eval mode) take
     their regular path instead.

@@ -14,6 +14,7 @@ at rtol 1e-4 (measured worst ~1e-6 on these models). float64 at 1e-10.
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import io
 import math
@@ -848,6 +849,27 @@ def test_functional_routing_machinery_with_stand_in_ops(op, monkeypatch):
     torch.testing.assert_close(out, fn(*args))
     assert len(seen) == 1 and "input" in seen[0] and "_stacklevel" not in seen[0]
     assert report(ctx, file=None).functionals[0]["calls_ours"] == 1
+
+
+def test_wrapped_standalone_criterion_routes_its_functional(monkeypatch):
+    """A loss module outside the model: ``criterion = wrap(nn.CrossEntropyLoss())`` is not
+    swapped (it is the root) but the F.cross_entropy its forward calls is routed."""
+    calls = []
+    real = getattr(OPS, "cross_entropy", None)
+
+    def cross_entropy(**kwargs):
+        calls.append(1)
+        return real(**kwargs) if real is not None else F.cross_entropy(**kwargs)
+
+    if real is not None:  # take exactly the real op's arguments
+        cross_entropy = functools.wraps(real)(cross_entropy)
+
+    monkeypatch.setattr(OPS, "cross_entropy", cross_entropy, raising=False)
+    crit = wrap(nn.CrossEntropyLoss(label_smoothing=0.1))
+    x, y = torch.randn(6, 5), torch.randint(0, 5, (6,))
+    torch.testing.assert_close(crit(x, y), F.cross_entropy(x, y, label_smoothing=0.1),
+                               rtol=1e-5, atol=1e-6)
+    assert calls == [1]
 
 
 class ResNetish(nn.Module):
