@@ -451,7 +451,7 @@ def _sync_to_original(new, orig, attrs) -> None:
         od, nd = getattr(orig, d), getattr(new, d)
         for k, v in nd.items():
             if od.get(k, None) is not v:
-                od[k] = v
+                setattr(orig, k, v)  # setattr: modules caching parameter lists update them
 
 
 def _wrapped_get_name(self) -> str:

@@ -348,6 +348,20 @@ def test_unwrap_restores_original_types_and_objects():
     assert isinstance(model.act1, ONN.GELU)
 
 
+def test_fallback_sees_changes_made_after_wrapping(stand_ins):
+    """Parameters re-assigned and config changed on the swapped module are what the torch
+    fallback uses (LayerNorm: the real counterpart or a stand-in)."""
+    holder = wrap(nn.Sequential(nn.LayerNorm(4)), fallback="silent")
+    ln = holder[0]
+    ln.weight = nn.Parameter(torch.full((4,), 3.0, dtype=torch.float16))
+    ln.bias = nn.Parameter(torch.zeros(4, dtype=torch.float16))
+    ln.eps = 1e-2
+    x = torch.randn(2, 4, dtype=torch.float16)
+    expected = F.layer_norm(x.float(), (4,), ln.weight.float(), ln.bias.float(), 1e-2)
+    torch.testing.assert_close(holder(x).float(), expected, rtol=2e-3, atol=2e-3)
+    assert report(holder, file=None).modules[0]["calls_torch"] == 1
+
+
 def test_hooks_on_original_modules_keep_firing():
     model = MLP()
     seen = []
