@@ -1,6 +1,6 @@
 """Full training step, wrapped vs torch eager: zero_grad + forward + backward + optimizer step.
 
-    python -m benchmarks.train_step [--quick] [--threads 2] [--profile] [case ...]
+    python -m benchmarks.train_step [--quick] [--threads 2] [--profile] [--wait-quiet S] [case ...]
 
 Each case builds one model twice from the same seed. ``torch``: the plain model with
 ``torch.optim.AdamW(fused=True)``. ``ours``: the same model and optimizer passed through
@@ -44,7 +44,15 @@ from torch import nn
 
 import ortcpu_torch
 
-from ._util import RESULTS, ForeignLoad, machine_info, openmp_runtimes, quantiles, set_threads
+from ._util import (
+    RESULTS,
+    ForeignLoad,
+    machine_info,
+    openmp_runtimes,
+    quantiles,
+    set_threads,
+    wait_quiet,
+)
 
 NOISY_SHARE = 0.05
 TARGETS = {"transformer": 1.25, "cnn": 1.15, "lstm": 1.1}  # issue 8, 2 threads
@@ -311,6 +319,8 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="fewer steps")
     p.add_argument("--threads", type=int, nargs="+", default=[2])
     p.add_argument("--profile", action="store_true", help="top ops of one ours step")
+    p.add_argument("--wait-quiet", type=float, default=0, metavar="SECONDS",
+                   help="first wait (at most SECONDS) until the machine is idle")
     p.add_argument("cases", nargs="*", help="run cases whose name contains any of these")
     args = p.parse_args(argv)
     sel = [c for c in CASES if not args.cases or any(f in c.name for f in args.cases)]
@@ -319,6 +329,9 @@ def main(argv=None) -> int:
                          + ", ".join(c.name for c in CASES))
     rounds, reps, warmup = (2, 4, 2) if args.quick else (4, 5, 3)
 
+    if args.wait_quiet > 0 and not wait_quiet(args.wait_quiet):
+        print(f"warning: the machine did not go idle within {args.wait_quiet:.0f} s",
+              file=sys.stderr)
     load = ForeignLoad()
     machine = machine_info()
     print(f"{machine['cpu']}, {machine['cpus']} CPUs, torch {machine['torch']}, "
