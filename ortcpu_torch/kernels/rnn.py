@@ -52,7 +52,8 @@ def lstm_forward(x, w, r, b=None, p=None, h0=None, c0=None, reverse=False):
 def lstm_backward(x, w, r, p, h0, c0, hall, call, iofc, dhall, dhfinal, dcfinal,
                   reverse=False, needs=(True,) * 7):
     """Gradients (dX, dW, dR, dB [8H], dH0, dC0, dP [3H]) of one LSTM direction; entries
-    of ``needs`` that are False come back as None (dP is None when ``p`` is None)."""
+    of ``needs`` that are False come back as None. dP is the gradient at ``p`` (at zero
+    peepholes when ``p`` is None, as ORT reports it)."""
     S, B, I = x.shape
     H = r.shape[1]
     dt = x.dtype
@@ -62,13 +63,11 @@ def lstm_backward(x, w, r, p, h0, c0, hall, call, iofc, dhall, dhfinal, dcfinal,
     db = empty((8 * H,), dt) if needs[3] else None
     dh0 = empty((B, H), dt) if needs[4] else None
     dc0 = empty((B, H), dt) if needs[5] else None
-    dp = None
-    if needs[6]:
-        dp = empty((3 * H,), dt) if p is not None else torch.zeros(3 * H, dtype=dt)
+    dp = empty((3 * H,), dt) if needs[6] else None   # dL/dP at P (at 0 when p is None)
     st = native_fn("lstm_backward", dt)(
         ptr(x), ptr(w), ptr(r), ptr(p), ptr(h0), ptr(c0), ptr(hall), ptr(call), ptr(iofc),
         ptr(dhall), ptr(dhfinal), ptr(dcfinal), ptr(dx), ptr(dw), ptr(dr), ptr(db), ptr(dh0),
-        ptr(dc0), ptr(dp if p is not None else None), S, B, I, H, int(reverse),
+        ptr(dc0), ptr(dp), S, B, I, H, int(reverse),
         get_num_threads())
     check_status(st, "LSTMGrad")
     return dx, dw, dr, db, dh0, dc0, dp
