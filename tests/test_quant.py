@@ -109,5 +109,5 @@ def test_qat_step_trains():
         loss = ((lin(fq(x)) - target) ** 2).mean()
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     assert losses[-1] < 0.5 * losses[0]
