@@ -63,11 +63,11 @@ CONFIGS = [
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
 @pytest.mark.parametrize("with_state", [False, True])
 def test_module_vs_torch(kind, dtype, cfg, with_state):
-    I, H, S, B = 5, 7, 6, 3
-    tm, om = _pair(kind, dtype, input_size=I, hidden_size=H, **cfg)
+    n_in, H, S, B = 5, 7, 6, 3
+    tm, om = _pair(kind, dtype, input_size=n_in, hidden_size=H, **cfg)
     D = 2 if cfg.get("bidirectional") else 1
     L = cfg["num_layers"]
-    shape = (B, S, I) if cfg.get("batch_first") else (S, B, I)
+    shape = (B, S, n_in) if cfg.get("batch_first") else (S, B, n_in)
     x = torch.randn(shape, dtype=dtype)
     xt, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
     hx_t = hx_o = None
@@ -145,13 +145,13 @@ def test_dropout_between_layers():
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("peep", [False, True])
 def test_lstm_gradcheck(reverse, peep):
-    S, B, I, H = 3, 2, 3, 2
+    S, B, n_in, H = 3, 2, 3, 2
     d = torch.float64
 
     def mk(*shape):
         return (torch.randn(*shape, dtype=d) * 0.6).requires_grad_()
 
-    args = [mk(S, B, I), mk(4 * H, I), mk(4 * H, H), mk(8 * H), mk(3 * H) if peep else None,
+    args = [mk(S, B, n_in), mk(4 * H, n_in), mk(4 * H, H), mk(8 * H), mk(3 * H) if peep else None,
             mk(B, H), mk(B, H)]
 
     def f(x, w, r, b, p, h0, c0):
@@ -163,13 +163,13 @@ def test_lstm_gradcheck(reverse, peep):
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("lbr", [0, 1])
 def test_gru_gradcheck(reverse, lbr):
-    S, B, I, H = 3, 2, 3, 2
+    S, B, n_in, H = 3, 2, 3, 2
     d = torch.float64
 
     def mk(*shape):
         return (torch.randn(*shape, dtype=d) * 0.6).requires_grad_()
 
-    args = [mk(S, B, I), mk(3 * H, I), mk(3 * H, H), mk(6 * H), mk(B, H)]
+    args = [mk(S, B, n_in), mk(3 * H, n_in), mk(3 * H, H), mk(6 * H), mk(B, H)]
 
     def f(x, w, r, b, h0):
         return ops.gru_direction(x, w, r, b, h0, linear_before_reset=lbr, reverse=reverse)
@@ -187,7 +187,8 @@ def test_gradcheck_without_optional_inputs():
     r3 = torch.randn(6, 2, dtype=d, requires_grad=True)
     for lbr in (0, 1):
         assert torch.autograd.gradcheck(
-            lambda x, w, r: ops.gru_direction(x, w, r, linear_before_reset=lbr), [x, w3, r3])
+            lambda x, w, r, lbr=lbr: ops.gru_direction(x, w, r, linear_before_reset=lbr),
+            [x, w3, r3])
 
 
 @pytest.mark.parametrize("B", [1, 3, 9, 33])
@@ -195,8 +196,8 @@ def test_batch_slices_and_threads(B):
     """The time loop splits the batch over threads: every split gives the same result."""
     import ortcpu_torch
 
-    S, I, H = 4, 5, 6
-    x, w, r = torch.randn(S, B, I), torch.randn(4 * H, I) * .4, torch.randn(4 * H, H) * .4
+    S, n_in, H = 4, 5, 6
+    x, w, r = torch.randn(S, B, n_in), torch.randn(4 * H, n_in) * .4, torch.randn(4 * H, H) * .4
     ortcpu_torch.set_num_threads(1)
     ref = K.lstm_forward(x, w, r)
     ortcpu_torch.set_num_threads(2)
@@ -207,10 +208,10 @@ def test_batch_slices_and_threads(B):
 
 def test_lstm_grad_registry_with_peepholes_matches_autograd():
     """LSTMGrad(P=...) goes beyond ORT: exact through the peepholes."""
-    S, B, I, H = 3, 2, 3, 4
+    S, B, n_in, H = 3, 2, 3, 4
     d = torch.float64
-    X = torch.randn(S, B, I, dtype=d)
-    W, R = torch.randn(1, 4 * H, I, dtype=d) * .5, torch.randn(1, 4 * H, H, dtype=d) * .5
+    X = torch.randn(S, B, n_in, dtype=d)
+    W, R = torch.randn(1, 4 * H, n_in, dtype=d) * .5, torch.randn(1, 4 * H, H, dtype=d) * .5
     P = torch.randn(1, 3 * H, dtype=d)
     hall, hf, cf, call, iofc = K.LSTMTraining(X, W, R, None, None, None, None, P,
                                                hidden_size=H)
@@ -228,10 +229,10 @@ def test_lstm_grad_registry_with_peepholes_matches_autograd():
 
 @pytest.mark.parametrize("direction", ["reverse", "bidirectional"])
 def test_registry_directions(direction):
-    S, B, I, H = 4, 2, 3, 5
+    S, B, n_in, H = 4, 2, 3, 5
     D = 2 if direction == "bidirectional" else 1
-    X = torch.randn(S, B, I, dtype=torch.float64)
-    W = torch.randn(D, 3 * H, I, dtype=torch.float64)
+    X = torch.randn(S, B, n_in, dtype=torch.float64)
+    W = torch.randn(D, 3 * H, n_in, dtype=torch.float64)
     R = torch.randn(D, 3 * H, H, dtype=torch.float64)
     Bb = torch.randn(D, 6 * H, dtype=torch.float64)
     hall, hfin, zrh = K.GRUTraining(X, W, R, Bb, hidden_size=H, direction=direction,

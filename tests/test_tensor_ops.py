@@ -243,7 +243,7 @@ def test_slice_noncontiguous_and_defaults():
         K.SliceGrad(torch.randn(3), [6], [0], [2])
 
 
-# ---- Split / Concat ---------------------------------------------------------------------------------
+# ---- Split / Concat ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.int32])

@@ -6,8 +6,12 @@ See DESIGN.md, "Registry call convention". ``names()`` lists the ops, ``get(name
 returns one.
 """
 
-from . import activations  # noqa: F401  (registers its ops)
-from . import quant, rnn, tensor  # noqa: F401  (registers its ops)
+from . import (  # noqa: F401  (registers its ops)
+    activations,  # noqa: F401  (registers its ops)
+    quant,
+    rnn,
+    tensor,
+)
 from ._registry import _OPS, get, names, register
 
 globals().update(_OPS)

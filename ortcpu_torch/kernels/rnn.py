@@ -37,14 +37,14 @@ _DIRS = {"forward": (0,), "reverse": (1,), "bidirectional": (0, 1)}
 def lstm_forward(x, w, r, b=None, p=None, h0=None, c0=None, reverse=False):
     """x [S,B,I], w [4H,I], r [4H,H], b [8H], p [3H], h0/c0 [B,H] (already validated,
     contiguous, one dtype). Returns (HAll [S,B,H], CAll [S,B,H], iofc [S,B,4H])."""
-    S, B, I = x.shape
+    S, B, n_in = x.shape
     H = r.shape[1]
     hall = empty((S, B, H), x.dtype)
     call = empty((S, B, H), x.dtype)
     iofc = empty((S, B, 4 * H), x.dtype)
     st = native_fn("lstm_forward", x.dtype)(
         ptr(x), ptr(w), ptr(r), ptr(b), ptr(p), ptr(h0), ptr(c0), ptr(hall), ptr(call),
-        ptr(iofc), S, B, I, H, int(reverse), get_num_threads())
+        ptr(iofc), S, B, n_in, H, int(reverse), get_num_threads())
     check_status(st, "LSTMTraining")
     return hall, call, iofc
 
@@ -54,11 +54,11 @@ def lstm_backward(x, w, r, p, h0, c0, hall, call, iofc, dhall, dhfinal, dcfinal,
     """Gradients (dX, dW, dR, dB [8H], dH0, dC0, dP [3H]) of one LSTM direction; entries
     of ``needs`` that are False come back as None. dP is the gradient at ``p`` (at zero
     peepholes when ``p`` is None, as ORT reports it)."""
-    S, B, I = x.shape
+    S, B, n_in = x.shape
     H = r.shape[1]
     dt = x.dtype
-    dx = empty((S, B, I), dt) if needs[0] else None
-    dw = empty((4 * H, I), dt) if needs[1] else None
+    dx = empty((S, B, n_in), dt) if needs[0] else None
+    dw = empty((4 * H, n_in), dt) if needs[1] else None
     dr = empty((4 * H, H), dt) if needs[2] else None
     db = empty((8 * H,), dt) if needs[3] else None
     dh0 = empty((B, H), dt) if needs[4] else None
@@ -67,7 +67,7 @@ def lstm_backward(x, w, r, p, h0, c0, hall, call, iofc, dhall, dhfinal, dcfinal,
     st = native_fn("lstm_backward", dt)(
         ptr(x), ptr(w), ptr(r), ptr(p), ptr(h0), ptr(c0), ptr(hall), ptr(call), ptr(iofc),
         ptr(dhall), ptr(dhfinal), ptr(dcfinal), ptr(dx), ptr(dw), ptr(dr), ptr(db), ptr(dh0),
-        ptr(dc0), ptr(dp), S, B, I, H, int(reverse),
+        ptr(dc0), ptr(dp), S, B, n_in, H, int(reverse),
         get_num_threads())
     check_status(st, "LSTMGrad")
     return dx, dw, dr, db, dh0, dc0, dp
@@ -75,12 +75,12 @@ def lstm_backward(x, w, r, p, h0, c0, hall, call, iofc, dhall, dhfinal, dcfinal,
 
 def gru_forward(x, w, r, b=None, h0=None, linear_before_reset=0, reverse=False):
     """x [S,B,I], w [3H,I], r [3H,H], b [6H], h0 [B,H]. Returns (HAll, ZRH [S,B,3H])."""
-    S, B, I = x.shape
+    S, B, n_in = x.shape
     H = r.shape[1]
     hall = empty((S, B, H), x.dtype)
     zrh = empty((S, B, 3 * H), x.dtype)
     st = native_fn("gru_forward", x.dtype)(
-        ptr(x), ptr(w), ptr(r), ptr(b), ptr(h0), ptr(hall), ptr(zrh), S, B, I, H,
+        ptr(x), ptr(w), ptr(r), ptr(b), ptr(h0), ptr(hall), ptr(zrh), S, B, n_in, H,
         int(bool(linear_before_reset)), int(reverse), get_num_threads())
     check_status(st, "GRUTraining")
     return hall, zrh
@@ -89,17 +89,17 @@ def gru_forward(x, w, r, b=None, h0=None, linear_before_reset=0, reverse=False):
 def gru_backward(x, w, r, b, h0, hall, zrh, dhall, dhfinal, linear_before_reset=0,
                  reverse=False, needs=(True,) * 5):
     """Gradients (dX, dW, dR, dB [6H], dH0) of one GRU direction."""
-    S, B, I = x.shape
+    S, B, n_in = x.shape
     H = r.shape[1]
     dt = x.dtype
-    dx = empty((S, B, I), dt) if needs[0] else None
-    dw = empty((3 * H, I), dt) if needs[1] else None
+    dx = empty((S, B, n_in), dt) if needs[0] else None
+    dw = empty((3 * H, n_in), dt) if needs[1] else None
     dr = empty((3 * H, H), dt) if needs[2] else None
     db = empty((6 * H,), dt) if needs[3] else None
     dh0 = empty((B, H), dt) if needs[4] else None
     st = native_fn("gru_backward", dt)(
         ptr(x), ptr(w), ptr(r), ptr(b), ptr(h0), ptr(hall), ptr(zrh), ptr(dhall),
-        ptr(dhfinal), ptr(dx), ptr(dw), ptr(dr), ptr(db), ptr(dh0), S, B, I, H,
+        ptr(dhfinal), ptr(dx), ptr(dw), ptr(dr), ptr(db), ptr(dh0), S, B, n_in, H,
         int(bool(linear_before_reset)), int(reverse), get_num_threads())
     check_status(st, "GRUGrad")
     return dx, dw, dr, db, dh0
@@ -151,18 +151,18 @@ def _common(op, X, W, R, SL, hidden_size, gates):
     if SL is not None:
         raise ValueError(f"{op}: sequence lengths (SL) are not supported (ORT requires the "
                          "input to be absent)")
-    S, B, I = X.shape
+    S, B, n_in = X.shape
     H = hidden_size
     W = float_input(op, "W", W)
     same_dtype(op, "X", X, "W", W)
     D = W.shape[0] if W.dim() == 3 else -1
-    return X, W, S, B, I, H, D
+    return X, W, S, B, n_in, H, D
 
 
-def _dirs_check(op, dirs, W, R, X, gates, H, I):
+def _dirs_check(op, dirs, W, R, X, gates, H, n_in):
     D = len(dirs)
-    if tuple(W.shape) != (D, gates * H, I):
-        raise ValueError(f"{op}: W must have shape {(D, gates * H, I)}, got {fmt_shape(W)}")
+    if tuple(W.shape) != (D, gates * H, n_in):
+        raise ValueError(f"{op}: W must have shape {(D, gates * H, n_in)}, got {fmt_shape(W)}")
     return _req(op, "R", R, X, (D, gates * H, H))
 
 
@@ -191,8 +191,8 @@ def LSTMTraining(X, W, R, B=None, SL=None, H0=None, C0=None, P=None, *, hidden_s
     op = "LSTMTraining"
     dirs = _attrs(op, hidden_size, direction, activations, clip,
                   ["Sigmoid", "Tanh", "Tanh"], input_forget)
-    X, W, S, Bt, I, H, _ = _common(op, X, W, R, SL, hidden_size, 4)
-    R = _dirs_check(op, dirs, W, R, X, 4, H, I)
+    X, W, S, Bt, n_in, H, _ = _common(op, X, W, R, SL, hidden_size, 4)
+    R = _dirs_check(op, dirs, W, R, X, 4, H, n_in)
     D = len(dirs)
     B = _opt(op, "B", B, X, (D, 8 * H))
     H0 = _opt(op, "H0", H0, X, (D, Bt, H))
@@ -224,8 +224,8 @@ def LSTMGrad(X, W, R, SL=None, Ht0=None, Ct0=None, HAll=None, CAll=None, iofc=No
     op = "LSTMGrad"
     dirs = _attrs(op, hidden_size, direction, activations, clip,
                   ["Sigmoid", "Tanh", "Tanh"], input_forget)
-    X, W, S, Bt, I, H, _ = _common(op, X, W, R, SL, hidden_size, 4)
-    R = _dirs_check(op, dirs, W, R, X, 4, H, I)
+    X, W, S, Bt, n_in, H, _ = _common(op, X, W, R, SL, hidden_size, 4)
+    R = _dirs_check(op, dirs, W, R, X, 4, H, n_in)
     D = len(dirs)
     Ht0 = _opt(op, "Ht0", Ht0, X, (D, Bt, H))
     Ct0 = _opt(op, "Ct0", Ct0, X, (D, Bt, H))
@@ -273,8 +273,8 @@ def GRUTraining(X, W, R, B=None, SL=None, H0=None, *, hidden_size, direction="fo
     [z,r,h]. Outputs: HAll [S,D,B,H], HFinal [D,B,H], ZRH [S,D,B,3H]."""
     op = "GRUTraining"
     dirs = _attrs(op, hidden_size, direction, activations, clip, ["Sigmoid", "Tanh"])
-    X, W, S, Bt, I, H, _ = _common(op, X, W, R, SL, hidden_size, 3)
-    R = _dirs_check(op, dirs, W, R, X, 3, H, I)
+    X, W, S, Bt, n_in, H, _ = _common(op, X, W, R, SL, hidden_size, 3)
+    R = _dirs_check(op, dirs, W, R, X, 3, H, n_in)
     D = len(dirs)
     B = _opt(op, "B", B, X, (D, 6 * H))
     H0 = _opt(op, "H0", H0, X, (D, Bt, H))
@@ -297,8 +297,8 @@ def GRUGrad(X, W, R, B=None, SL=None, H0=None, HAll=None, ZRH=None, dHAll=None,
     dB [D,6H], dH0."""
     op = "GRUGrad"
     dirs = _attrs(op, hidden_size, direction, activations, clip, ["Sigmoid", "Tanh"])
-    X, W, S, Bt, I, H, _ = _common(op, X, W, R, SL, hidden_size, 3)
-    R = _dirs_check(op, dirs, W, R, X, 3, H, I)
+    X, W, S, Bt, n_in, H, _ = _common(op, X, W, R, SL, hidden_size, 3)
+    R = _dirs_check(op, dirs, W, R, X, 3, H, n_in)
     D = len(dirs)
     B = _opt(op, "B", B, X, (D, 6 * H))
     H0 = _opt(op, "H0", H0, X, (D, Bt, H))

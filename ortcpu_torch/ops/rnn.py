@@ -23,12 +23,12 @@ def _check(op, x, w, r, b, gates, extra):
         raise ValueError(f"{op}: input must be [seq, batch, input_size], got {fmt_shape(x)}")
     w = float_input(op, "w", w)
     r = float_input(op, "r", r)
-    S, B, I = x.shape
+    S, B, n_in = x.shape
     if r.dim() != 2 or r.shape[0] != gates * r.shape[1] or r.shape[1] == 0:
         raise ValueError(f"{op}: r must be [{gates}H, H], got {fmt_shape(r)}")
     H = r.shape[1]
-    if tuple(w.shape) != (gates * H, I):
-        raise ValueError(f"{op}: w must be {(gates * H, I)}, got {fmt_shape(w)}")
+    if tuple(w.shape) != (gates * H, n_in):
+        raise ValueError(f"{op}: w must be {(gates * H, n_in)}, got {fmt_shape(w)}")
     out = []
     for name, t, shape in [("b", b, (2 * gates * H,))] + [
         (n, v, s(B, H)) for n, v, s in extra

@@ -37,9 +37,9 @@ def _f(rng, *shape, scale=1.0):
 @pytest.mark.parametrize("with_bias,with_init", [(True, True), (False, False), (True, False)])
 def test_lstm_training_and_grad(seed, with_bias, with_init):
     rng = _rng(seed)
-    S, B, I, H = [int(v) for v in rng.integers(1, 6, 4)]
-    x = _f(rng, S, B, I)
-    w = _f(rng, 1, 4 * H, I, scale=0.5)
+    S, B, n_in, H = [int(v) for v in rng.integers(1, 6, 4)]
+    x = _f(rng, S, B, n_in)
+    w = _f(rng, 1, 4 * H, n_in, scale=0.5)
     r = _f(rng, 1, 4 * H, H, scale=0.5)
     b = _f(rng, 1, 8 * H, scale=0.5) if with_bias else None
     h0 = _f(rng, 1, B, H) if with_init else None
@@ -59,8 +59,8 @@ def test_lstm_training_and_grad(seed, with_bias, with_init):
 
 def test_lstm_peepholes_forward():
     rng = _rng(7)
-    S, B, I, H = 4, 3, 5, 6
-    x, w, r = _f(rng, S, B, I), _f(rng, 1, 4 * H, I, scale=.5), _f(rng, 1, 4 * H, H, scale=.5)
+    S, B, n_in, H = 4, 3, 5, 6
+    x, w, r = _f(rng, S, B, n_in), _f(rng, 1, 4 * H, n_in, scale=.5), _f(rng, 1, 4 * H, H, scale=.5)
     p = _f(rng, 1, 3 * H, scale=0.5)
     check_op("LSTMTraining", [x, w, r, None, None, None, None, p], {"hidden_size": H},
              num_outputs=5, **RNN_TOL)
@@ -74,9 +74,9 @@ def test_lstm_peepholes_forward():
 @pytest.mark.parametrize("with_bias,with_init", [(True, True), (False, False)])
 def test_gru_training_and_grad(seed, lbr, with_bias, with_init):
     rng = _rng(100 + seed)
-    S, B, I, H = [int(v) for v in rng.integers(1, 6, 4)]
-    x = _f(rng, S, B, I)
-    w = _f(rng, 1, 3 * H, I, scale=0.5)
+    S, B, n_in, H = [int(v) for v in rng.integers(1, 6, 4)]
+    x = _f(rng, S, B, n_in)
+    w = _f(rng, 1, 3 * H, n_in, scale=0.5)
     r = _f(rng, 1, 3 * H, H, scale=0.5)
     b = _f(rng, 1, 6 * H, scale=0.5) if with_bias else None
     h0 = _f(rng, 1, B, H) if with_init else None
@@ -100,7 +100,8 @@ def test_gather_and_grad(seed, dtype):
     shape = [int(v) for v in rng.integers(1, 7, rank)]
     axis = int(rng.integers(-rank, rank))
     dim = shape[axis]
-    idx = rng.integers(-dim, dim, size=[int(v) for v in rng.integers(1, 4, int(rng.integers(0, 3)))])
+    ishape = [int(v) for v in rng.integers(1, 4, int(rng.integers(0, 3)))]
+    idx = rng.integers(-dim, dim, size=ishape)
     data = rng.standard_normal(shape).astype(dtype)
     res = check_op("Gather", [data, idx], {"axis": axis}, rtol=0, atol=0)
     dy = rng.standard_normal(res.ort[0].shape).astype(dtype)
