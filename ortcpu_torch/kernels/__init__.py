@@ -6,10 +6,11 @@ See DESIGN.md, "Registry call convention". ``names()`` lists the ops, ``get(name
 returns one.
 """
 
-from . import (  # noqa: F401  (registers its ops)
-    activations,  # noqa: F401  (registers its ops)
+from . import (  # noqa: F401  (each module registers its ops)
+    activations,
     quant,
     rnn,
+    summary,
     tensor,
 )
 from ._registry import _OPS, get, names, register
