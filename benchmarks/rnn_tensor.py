@@ -140,13 +140,17 @@ def main(argv=None) -> None:
     with open(os.path.join(RESULTS, "rnn_tensor.json"), "w") as f:
         json.dump({"load_avg": os.getloadavg(), "rows": rows}, f, indent=1)
     with open(os.path.join(RESULTS, "rnn_tensor.md"), "w") as f:
-        f.write("| case | threads | torch ms | ours ms | torch/ours | target | other CPU |\n")
-        f.write("|---|---|---|---|---|---|---|\n")
+        f.write("| case | threads | torch ms | ours ms | torch ÷ ours | target | other CPU |\n")
+        f.write("|---|---:|---:|---:|---:|---:|---:|\n")
         for r in rows:
-            f.write(f"| {r['case']} | {r['threads']} | {r['torch_ms']:.2f} | {r['ours_ms']:.2f} "
-                    f"| {r['ratio']:.2f} | {r['target'] or ''} | "
+            tgt = f"≥ {r['target']}×" if r["target"] and r["threads"] == 2 else "—"
+            f.write(f"| {r['case']} | {r['threads']} | {r['torch_ms']:.1f} | "
+                    f"{r['ours_ms']:.1f} | {r['ratio']:.2f}× | {tgt} | "
                     f"{100 * r['foreign_cpu_share']:.0f}% |\n")
-
+        la = os.getloadavg()
+        f.write(f"\nMedian of {rounds * per_round} alternating steps per row after warm-up; "
+                f"load average {la[0]:.2f} at the end (2 cores). \"other CPU\": share of "
+                "the machine's CPU time used by other processes during the row.\n")
 
 if __name__ == "__main__":
     main()

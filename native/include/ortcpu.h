@@ -178,6 +178,7 @@ int ortcpu_gru_backward_f64(const double *x, const double *w, const double *r,
                             double *dx, double *dw, double *dr, double *db, double *dh0,
                             int64_t S, int64_t B, int64_t I, int64_t H,
                             int linear_before_reset, int reverse, int nthreads);
+
 /* ---- summaries (spec §16): histogram statistics and bucketing, event framing ----
  * Bucketing counts, for every value x, u(x) = #{i : edges[i] <= x} (an upper_bound on
  * the sorted `edges`, length nedges >= 1, no NaN). `lut` (ORTCPU_SUMMARY_LUT_SIZE int32)

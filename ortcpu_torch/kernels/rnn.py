@@ -250,7 +250,7 @@ def LSTMGrad(X, W, R, SL=None, Ht0=None, Ct0=None, HAll=None, CAll=None, iofc=No
             None if Ct0 is None else Ct0[d], per_dir(HAll, d), per_dir(CAll, d),
             per_dir(iofc, d), per_dir(dHAll, d), None if dHFinal is None else dHFinal[d],
             None if dCFinal is None else dCFinal[d], reverse=rev,
-            needs=(want[0] or D > 1,) + want[1:]))
+            needs=want))
     dx = None
     if want[0]:
         dx = outs[0][0]
@@ -316,7 +316,7 @@ def GRUGrad(X, W, R, B=None, SL=None, H0=None, HAll=None, ZRH=None, dHAll=None,
     outs = [gru_backward(X, W[d], R[d], None if B is None else B[d],
                          None if H0 is None else H0[d], per_dir(HAll, d), per_dir(ZRH, d),
                          per_dir(dHAll, d), None if dHFinal is None else dHFinal[d],
-                         linear_before_reset, reverse=rev, needs=(want[0] or D > 1,) + want[1:])
+                         linear_before_reset, reverse=rev, needs=want)
             for d, rev in enumerate(dirs)]
     dx = None
     if want[0]:
