@@ -277,3 +277,39 @@ def test_errors():
         K.LSTMTraining(X, W.double(), R, hidden_size=3)
     with pytest.raises(ValueError, match="activations"):
         K.LSTMTraining(X, W, R, hidden_size=3, activations=["Relu", "Tanh", "Tanh"])
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+@pytest.mark.parametrize("H", [1, 17, 70])
+def test_odd_hidden_sizes(kind, H):
+    """Hidden sizes that leave SIMD tails in the fused gate passes."""
+    tm, om = _pair(kind, torch.float32, input_size=3, hidden_size=H)
+    x = torch.randn(4, 5, 3)
+    xt, xo = x.clone().requires_grad_(), x.clone().requires_grad_()
+    yt, yo = tm(xt)[0], om(xo)[0]
+    assert_close(yo, yt, **F32_OUT)
+    g = torch.randn_like(yt)
+    yt.backward(g)
+    yo.backward(g)
+    assert_close(xo.grad, xt.grad, **F32_GRAD)
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_nan_stays_in_its_batch_row(kind):
+    om = getattr(onn, kind)(3, 4)
+    x = torch.randn(5, 3, 3)
+    x[1, 0, 0] = float("nan")
+    y = om(x)[0]
+    assert torch.isnan(y[1:, 0]).all() and not torch.isnan(y[0]).any()
+    assert not torch.isnan(y[:, 1:]).any()
+
+
+def test_noncontiguous_registry_inputs():
+    S, B, n_in, H = 3, 2, 4, 3
+    X = torch.randn(B, S, n_in).transpose(0, 1)          # non-contiguous
+    W = torch.randn(1, n_in, 4 * H).transpose(1, 2)
+    R = torch.randn(1, H, 4 * H).transpose(1, 2)
+    got = K.LSTMTraining(X, W, R, hidden_size=H)
+    ref = K.LSTMTraining(X.contiguous(), W.contiguous(), R.contiguous(), hidden_size=H)
+    for a, b in zip(got, ref, strict=True):
+        assert torch.equal(a, b)
