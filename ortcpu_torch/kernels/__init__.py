@@ -8,6 +8,12 @@ returns one.
 
 from . import (  # noqa: F401  (each module registers its ops)
     activations,
+    batchnorm,
+    dropout,
+    grad_control,
+    loss,
+    norm,
+    optim,
     quant,
     rnn,
     summary,
