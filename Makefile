@@ -10,7 +10,7 @@ EXT_STAMP := $(VENV)/.ext-built
 NATIVE_SRC := $(wildcard native/include/*.h native/src/*.c native/src/*.h native/src/*.inc) \
               ortcpu_torch/_native/build.py setup.py
 
-.PHONY: all test demo bench bench-optim bench-summary build lint readme clean
+.PHONY: all test demo bench bench-optim bench-summary bench-rnn build lint readme clean
 
 all: test
 
@@ -49,6 +49,10 @@ bench-optim: $(EXT_STAMP)
 # TensorBoard writer vs torch.utils.tensorboard (benchmarks/results/summary.md)
 bench-summary: $(EXT_STAMP)
 	$(BIN)/python -m benchmarks.bench_summary $(BENCH_ARGS)
+
+# LSTM / GRU / Embedding vs torch (benchmarks/results/rnn_tensor.md)
+bench-rnn: $(EXT_STAMP)
+	$(BIN)/python -m benchmarks.rnn_tensor $(BENCH_ARGS)
 
 readme: $(EXT_STAMP)
 	$(BIN)/python tools/update_readme.py

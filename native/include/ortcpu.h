@@ -90,6 +90,95 @@ int ortcpu_softmax_backward_f64(const double *dy, const double *y, double *dx,
                                 int64_t outer, int64_t dim, int64_t inner, int log_,
                                 int nthreads);
 
+/* ---- tensor ops (spec §9, §10.1) -------------------------------------------
+ * strided_copy: dst[i] = src[i] over an N-d index space `shape`, strides in
+ * elements (may be negative), any element size (Slice, SliceGrad, Split, Concat).
+ * check_indices: every idx in [-dim, dim), else INDEX_OUT_OF_RANGE and *bad_pos.
+ * gather_rows: x [outer, dim, inner], idx [n] (negative wraps) -> y [outer, n, inner].
+ * scatter_add_rows: dx [outer, dim, inner] = 0, then dx[o, idx[j], :] += dy[o, j, :];
+ *   indices are all checked before anything is written.
+ * sum_axis: x [outer, dim, inner] -> y [outer, inner].                       */
+int ortcpu_strided_copy(const void *src, void *dst, int ndim, const int64_t *shape,
+                        const int64_t *src_strides, const int64_t *dst_strides,
+                        int64_t elem_size, int nthreads);
+int ortcpu_check_indices(const int64_t *idx, int64_t n, int64_t dim, int64_t *bad_pos);
+int ortcpu_gather_rows_f32(const float *x, const int64_t *idx, float *y, int64_t outer,
+                           int64_t dim, int64_t n, int64_t inner, int nthreads);
+int ortcpu_gather_rows_f64(const double *x, const int64_t *idx, double *y, int64_t outer,
+                           int64_t dim, int64_t n, int64_t inner, int nthreads);
+int ortcpu_scatter_add_rows_f32(const float *dy, const int64_t *idx, float *dx, int64_t outer,
+                                int64_t dim, int64_t n, int64_t inner, int nthreads);
+int ortcpu_scatter_add_rows_f64(const double *dy, const int64_t *idx, double *dx,
+                                int64_t outer, int64_t dim, int64_t n, int64_t inner,
+                                int nthreads);
+int ortcpu_sum_axis_f32(const float *x, float *y, int64_t outer, int64_t dim, int64_t inner,
+                        int nthreads);
+int ortcpu_sum_axis_f64(const double *x, double *y, int64_t outer, int64_t dim, int64_t inner,
+                        int nthreads);
+
+/* ---- fake quantization (spec §14) ---------------------------------------------
+ * q = trunc(nearbyint(x/scale) + zero_point); y = (clamp(q, qmin, qmax) - zp)*scale;
+ * mask = qmin <= q <= qmax (bytes 0/1). Grad: dx = mask ? dy : 0.               */
+int ortcpu_fake_quant_f32(const float *x, float *y, uint8_t *mask, int64_t n, double scale,
+                          double zero_point, int64_t quant_min, int64_t quant_max,
+                          int nthreads);
+int ortcpu_fake_quant_f64(const double *x, double *y, uint8_t *mask, int64_t n, double scale,
+                          double zero_point, int64_t quant_min, int64_t quant_max,
+                          int nthreads);
+int ortcpu_fake_quant_grad_f32(const float *dy, const uint8_t *mask, float *dx, int64_t n,
+                               int nthreads);
+int ortcpu_fake_quant_grad_f64(const double *dy, const uint8_t *mask, double *dx, int64_t n,
+                               int nthreads);
+
+/* ---- RNN (spec §8): one direction per call, ORT layouts without the direction
+ * axis. LSTM: W [4H,I], R [4H,H], bias [8H] (may be NULL), peep [3H] (NULL), gate
+ * order [i,o,f,c]; outputs HAll/CAll [S,B,H], iofc [S,B,4H]. GRU: W [3H,I],
+ * R [3H,H], bias [6H], order [z,r,h]; outputs HAll [S,B,H], ZRH [S,B,3H].
+ * h0/c0 [B,H] may be NULL (zeros); reverse = 1 runs time backwards.
+ * Backward: dhall/dhfinal/dcfinal may be NULL (zero); every output may be NULL. */
+int ortcpu_lstm_forward_f32(const float *x, const float *w, const float *r, const float *bias,
+                            const float *peep, const float *h0, const float *c0, float *hall,
+                            float *call, float *iofc, int64_t S, int64_t B, int64_t I,
+                            int64_t H, int reverse, int nthreads);
+int ortcpu_lstm_forward_f64(const double *x, const double *w, const double *r,
+                            const double *bias, const double *peep, const double *h0,
+                            const double *c0, double *hall, double *call, double *iofc,
+                            int64_t S, int64_t B, int64_t I, int64_t H, int reverse,
+                            int nthreads);
+int ortcpu_lstm_backward_f32(const float *x, const float *w, const float *r, const float *peep,
+                             const float *h0, const float *c0, const float *hall,
+                             const float *call, const float *iofc, const float *dhall,
+                             const float *dhfinal, const float *dcfinal, float *dx, float *dw,
+                             float *dr, float *db, float *dh0, float *dc0, float *dp,
+                             int64_t S, int64_t B, int64_t I, int64_t H, int reverse,
+                             int nthreads);
+int ortcpu_lstm_backward_f64(const double *x, const double *w, const double *r,
+                             const double *peep, const double *h0, const double *c0,
+                             const double *hall, const double *call, const double *iofc,
+                             const double *dhall, const double *dhfinal, const double *dcfinal,
+                             double *dx, double *dw, double *dr, double *db, double *dh0,
+                             double *dc0, double *dp, int64_t S, int64_t B, int64_t I,
+                             int64_t H, int reverse, int nthreads);
+int ortcpu_gru_forward_f32(const float *x, const float *w, const float *r, const float *bias,
+                           const float *h0, float *hall, float *zrh, int64_t S, int64_t B,
+                           int64_t I, int64_t H, int linear_before_reset, int reverse,
+                           int nthreads);
+int ortcpu_gru_forward_f64(const double *x, const double *w, const double *r,
+                           const double *bias, const double *h0, double *hall, double *zrh,
+                           int64_t S, int64_t B, int64_t I, int64_t H,
+                           int linear_before_reset, int reverse, int nthreads);
+int ortcpu_gru_backward_f32(const float *x, const float *w, const float *r, const float *bias,
+                            const float *h0, const float *hall, const float *zrh,
+                            const float *dhall, const float *dhfinal, float *dx, float *dw,
+                            float *dr, float *db, float *dh0, int64_t S, int64_t B, int64_t I,
+                            int64_t H, int linear_before_reset, int reverse, int nthreads);
+int ortcpu_gru_backward_f64(const double *x, const double *w, const double *r,
+                            const double *bias, const double *h0, const double *hall,
+                            const double *zrh, const double *dhall, const double *dhfinal,
+                            double *dx, double *dw, double *dr, double *db, double *dh0,
+                            int64_t S, int64_t B, int64_t I, int64_t H,
+                            int linear_before_reset, int reverse, int nthreads);
+
 /* ---- optimizers (spec §12) -------------------------------------------------
  * Multi-tensor: one call updates a whole parameter group, given as arrays of
  * `ntensors` pointers and element counts (`sizes`). Work is split over the

@@ -17,7 +17,10 @@ from . import (  # noqa: F401  (each module registers its ops)
     norm,
     optim,
     pool,
+    quant,
+    rnn,
     summary,
+    tensor,
 )
 from ._registry import _OPS, get, names, register
 

@@ -20,9 +20,13 @@ from .pool import (
     MaxPool2d,
     MaxPool3d,
 )
+from .quant import FakeQuantize
+from .rnn import GRU, LSTM
+from .tensor import Embedding
 
 __all__ = ["GELU", "LeakyReLU", "Softmax", "LogSoftmax"]
 __all__ += ["LayerNorm", "RMSNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d",
             "CrossEntropyLoss", "Dropout"]
 __all__ += ["Conv1d", "Conv2d", "Conv3d", "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d",
             "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool2d"]
+__all__ += ["Embedding", "FakeQuantize", "LSTM", "GRU"]

@@ -17,9 +17,13 @@ from .pool import (
     max_pool2d,
     max_pool3d,
 )
+from .quant import fake_quantize
+from .rnn import gru_direction, lstm_direction
+from .tensor import embedding
 
 __all__ = ["gelu", "bias_gelu", "quick_gelu", "leaky_relu", "softmax", "log_softmax"]
 __all__ += ["layer_norm", "rms_norm", "batch_norm", "cross_entropy", "dropout"]
 __all__ += ["conv1d", "conv2d", "conv3d", "max_pool1d", "max_pool2d", "max_pool3d",
             "avg_pool1d", "avg_pool2d", "avg_pool3d", "adaptive_avg_pool2d",
             "global_avg_pool", "global_max_pool"]
+__all__ += ["embedding", "fake_quantize", "lstm_direction", "gru_direction"]
