@@ -36,7 +36,7 @@ test: $(EXT_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 demo: $(EXT_STAMP)
-	$(BIN)/python examples/digits_mlp.py
+	$(BIN)/python examples/main_job.py
 
 # make bench BENCH_ARGS="--quick gelu"
 bench: $(EXT_STAMP)
