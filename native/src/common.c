@@ -1,5 +1,5 @@
 /* common.c -- status messages, the parallel-for, the caching arena,
- * the bandwidth probe and the BLAS entry points. */
+ * the bandwidth probe. */
 #define _POSIX_C_SOURCE 200809L /* posix_memalign */
 #include "common.h"
 
@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include <cblas.h>
 
 /* ---- status ----------------------------------------------------------- */
 
@@ -210,42 +209,5 @@ int ortcpu_stream_copy_f32(const float *src, float *dst, int64_t n, int nthreads
     if (n < 0) return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "stream_copy: n must be >= 0");
     copy_ctx c = {src, dst};
     ort_parallel_for(n, 1 << 16, nthreads, copy_range, &c);
-    return ORTCPU_OK;
-}
-
-/* ---- GEMM on OpenBLAS ---------------------------------------------------------- */
-
-static int gemm_check(int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc)
-{
-    const int64_t lim = 2147483647;
-    if (m < 0 || n < 0 || k < 0)
-        return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "gemm: negative size m=%lld n=%lld k=%lld",
-                        (long long)m, (long long)n, (long long)k);
-    if (m > lim || n > lim || k > lim || lda > lim || ldb > lim || ldc > lim)
-        return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "gemm: sizes exceed the 32-bit BLAS");
-    return ORTCPU_OK;
-}
-
-#define ORT_TRANS(t) ((t) ? CblasTrans : CblasNoTrans)
-
-int ortcpu_gemm_f32(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                    const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
-                    float *c, int64_t ldc)
-{
-    int st = gemm_check(m, n, k, lda, ldb, ldc);
-    if (st || m == 0 || n == 0) return st;
-    scipy_cblas_sgemm(CblasRowMajor, ORT_TRANS(trans_a), ORT_TRANS(trans_b), (int)m, (int)n,
-                      (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
-    return ORTCPU_OK;
-}
-
-int ortcpu_gemm_f64(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, double alpha,
-                    const double *a, int64_t lda, const double *b, int64_t ldb, double beta,
-                    double *c, int64_t ldc)
-{
-    int st = gemm_check(m, n, k, lda, ldb, ldc);
-    if (st || m == 0 || n == 0) return st;
-    scipy_cblas_dgemm(CblasRowMajor, ORT_TRANS(trans_a), ORT_TRANS(trans_b), (int)m, (int)n,
-                      (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
     return ORTCPU_OK;
 }

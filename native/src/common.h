@@ -45,15 +45,13 @@ static inline float ort_bits_to_f32(int32_t i)
     return u.f;
 }
 
-/* e^x; < 1 ulp on the polynomial, overflow -> inf, gradual underflow -> 0. */
-static inline float ort_exp_f32(float x)
+/* Range reduction x = n ln2 + r, |r| <= ln2/2, and e^r by Taylor to degree 7
+ * (truncation < 6e-9 relative); n is returned as a float. */
+static inline float ort_exp_reduced_f32(float x, float *n_out)
 {
-    float xc = x < -104.0f ? -104.0f : (x > 88.8f ? 88.8f : x);
-    xc = xc == xc ? xc : 0.0f;             /* keep NaN out of the int conversion */
-    float n = floorf(xc * 1.44269504088896341f + 0.5f);
-    float r = xc - n * 0.693145751953125f;      /* ln2 split in two parts */
+    float n = floorf(x * 1.44269504088896341f + 0.5f);
+    float r = x - n * 0.693145751953125f;      /* ln2 split in two parts */
     r = r - n * 1.428606765330187045e-06f;
-    /* Taylor to degree 7 on |r| <= ln2/2: truncation < 6e-9 relative */
     float p = 1.0f / 5040.0f;
     p = p * r + 1.0f / 720.0f;
     p = p * r + 1.0f / 120.0f;
@@ -62,6 +60,17 @@ static inline float ort_exp_f32(float x)
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
+    *n_out = n;
+    return p;
+}
+
+/* e^x; < 1 ulp on the polynomial, overflow -> inf, gradual underflow -> 0. */
+static inline float ort_exp_f32(float x)
+{
+    float xc = x < -104.0f ? -104.0f : (x > 88.8f ? 88.8f : x);
+    xc = xc == xc ? xc : 0.0f;             /* keep NaN out of the int conversion */
+    float n;
+    float p = ort_exp_reduced_f32(xc, &n);
     int32_t ni = (int32_t)n;
     int32_t n1 = ni >> 1, n2 = ni - n1;    /* two factors: denormal results stay right */
     float s1 = ort_bits_to_f32((n1 + 127) << 23), s2 = ort_bits_to_f32((n2 + 127) << 23);
@@ -91,17 +100,8 @@ static inline float ort_erfcx_poly_f32(float t)
  * exp behind the normal pdf, whose argument the caller bounds. */
 static inline float ort_exp_nonpos_f32(float a)
 {
-    float n = floorf(a * 1.44269504088896341f + 0.5f);
-    float r = a - n * 0.693145751953125f;
-    r = r - n * 1.428606765330187045e-06f;
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    float n;
+    float p = ort_exp_reduced_f32(a, &n);
     return p * ort_bits_to_f32(((int32_t)n + 127) << 23);
 }
 

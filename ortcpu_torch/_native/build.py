@@ -15,6 +15,12 @@ from cffi import FFI
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 INCLUDE = os.path.join(ROOT, "native", "include")
 SOURCES = sorted(glob.glob(os.path.join(ROOT, "native", "src", "*.c")))
+# headers and templates: setuptools only rebuilds on a change it is told about
+DEPENDS = sorted(
+    glob.glob(os.path.join(ROOT, "native", "src", "*.h"))
+    + glob.glob(os.path.join(ROOT, "native", "src", "*.inc"))
+    + glob.glob(os.path.join(INCLUDE, "*.h"))
+)
 
 
 def _cdef_text() -> str:
@@ -29,6 +35,7 @@ ffibuilder.set_source(
     "ortcpu_torch._native._ortcpu",
     '#include "ortcpu.h"',
     sources=[os.path.relpath(s, ROOT) for s in SOURCES],
+    depends=[os.path.relpath(d, ROOT) for d in DEPENDS],
     include_dirs=[INCLUDE, scipy_openblas32.get_include_dir()],
     library_dirs=[scipy_openblas32.get_lib_dir()],
     libraries=[scipy_openblas32.get_library(), "m"],
