@@ -3,7 +3,7 @@
 PY ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= test,conformance,demo,dev
+EXTRAS ?= test,conformance,demo,dev,mpi
 BIN := $(VENV)/bin
 DEPS_STAMP := $(VENV)/.deps-installed
 EXT_STAMP := $(VENV)/.ext-built

@@ -7,6 +7,7 @@ returns one.
 """
 
 from . import activations  # noqa: F401  (registers its ops)
+from . import comm  # noqa: F401  (Send, Recv over MPI)
 from ._registry import _OPS, get, names, register
 
 globals().update(_OPS)
