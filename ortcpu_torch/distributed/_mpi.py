@@ -394,7 +394,7 @@ class RecvRequest(Request):
             return ValueError(f"{self._op}: expected {len(exp)} tensor(s) from rank {self._src} "
                               f"(tag {self._tag}), the sender sent {len(specs)}")
         for i, ((edt, eshape), (dt, shape)) in enumerate(zip(exp, specs, strict=True)):
-            name = "out" if len(exp) == 1 else f"Data[{i}]"
+            name = "out" if self._out is not None else f"Data[{i}]"
             if edt is not None and edt != dt:
                 return TypeError(f"{self._op}: {name} expects dtype {dtype_name(edt)} but rank "
                                  f"{self._src} sent {dtype_name(dt)} (tag {self._tag})")

@@ -122,7 +122,7 @@ def allreduce_(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     MPI = _mpi.mpi(required=True)
     with torch.no_grad():
         if tensor.dtype in _VIA_FLOAT32:
-            work = tensor.detach().to(torch.float32)
+            work = tensor.detach().to(torch.float32).contiguous()
         elif tensor.is_contiguous():
             work = tensor.detach()
         else:
