@@ -127,8 +127,8 @@ def check_peer(op: str, name: str, peer) -> int:
     """Validate a remote rank: an int in range, not our own rank."""
     if isinstance(peer, torch.Tensor):
         if peer.numel() != 1 or peer.dtype.is_floating_point or peer.dtype == torch.bool:
-            raise TypeError(f"{op}: {name} must be an integer scalar, got a {dtype_name(peer.dtype)}"
-                            f" tensor of shape {shape_str(peer.shape)}")
+            raise TypeError(f"{op}: {name} must be an integer scalar, got a "
+                            f"{dtype_name(peer.dtype)} tensor of shape {shape_str(peer.shape)}")
         peer = int(peer.item())
     if isinstance(peer, bool) or not isinstance(peer, int):
         raise TypeError(f"{op}: {name} must be an int rank, got {type(peer).__name__}")

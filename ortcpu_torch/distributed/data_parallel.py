@@ -64,7 +64,8 @@ class DataParallel(torch.nn.Module):
                             f"{type(module).__name__}")
         if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) \
                 or not bucket_mb > 0:
-            raise ValueError(f"DataParallel: bucket_mb must be a positive number, got {bucket_mb!r}")
+            raise ValueError(
+                f"DataParallel: bucket_mb must be a positive number, got {bucket_mb!r}")
         self.module = module
         self.bucket_mb = bucket_mb
         self.overlap = bool(overlap)

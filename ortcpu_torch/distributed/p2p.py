@@ -93,8 +93,8 @@ def isend(tensor: torch.Tensor, dst: int, tag: int = 0) -> Request:
     """
     op = "isend"
     _mpi.check_tensor(op, "tensor", tensor)
-    dst = _mpi.check_peer(op, "dst", dst)
     tag = _mpi.check_tag(op, tag)
+    dst = _mpi.check_peer(op, "dst", dst)
     return _mpi.isend_parcel(op, Parcel(op, [tensor]), dst, tag, CHANNEL_DATA)
 
 
@@ -108,8 +108,8 @@ def send(tensor: torch.Tensor, dst: int, tag: int = 0):
     """
     op = "send"
     _mpi.check_tensor(op, "tensor", tensor)
-    dst = _mpi.check_peer(op, "dst", dst)
     tag = _mpi.check_tag(op, tag)
+    dst = _mpi.check_peer(op, "dst", dst)
     tracked = _tracked(tensor)
     _mpi.isend_parcel(op, Parcel(op, [tensor], requires_grad=tracked), dst, tag,
                       CHANNEL_DATA).wait()
@@ -128,8 +128,8 @@ def irecv(src: int, tag: int = 0, out: torch.Tensor | None = None,
     autograd-aware: its backward sends the gradient back to ``src``.
     """
     op = "irecv"
-    src = _mpi.check_peer(op, "src", src)
     tag = _mpi.check_tag(op, tag)
+    src = _mpi.check_peer(op, "src", src)
     expect = _check_out(op, out)
     return _mpi.RecvRequest(op, src, tag, CHANNEL_DATA, expect,
                             None if out is None else [out], _finish_recv(src, tag, requires_grad))
@@ -139,8 +139,8 @@ def recv(src: int, tag: int = 0, out: torch.Tensor | None = None,
          requires_grad: bool | None = None) -> torch.Tensor:
     """Receive a tensor from rank ``src`` (blocking); see ``irecv``."""
     op = "recv"
-    src = _mpi.check_peer(op, "src", src)
     tag = _mpi.check_tag(op, tag)
+    src = _mpi.check_peer(op, "src", src)
     expect = _check_out(op, out)
     return _mpi.RecvRequest(op, src, tag, CHANNEL_DATA, expect,
                             None if out is None else [out],

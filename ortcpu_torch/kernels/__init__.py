@@ -6,8 +6,10 @@ See DESIGN.md, "Registry call convention". ``names()`` lists the ops, ``get(name
 returns one.
 """
 
-from . import activations  # noqa: F401  (registers its ops)
-from . import comm  # noqa: F401  (Send, Recv over MPI)
+from . import (
+    activations,  # noqa: F401  (registers its ops)
+    comm,  # noqa: F401  (Send, Recv over MPI)
+)
 from ._registry import _OPS, get, names, register
 
 globals().update(_OPS)

@@ -30,8 +30,8 @@ def mpi_available() -> bool:
     return find_mpiexec() is not None and importlib.util.find_spec("mpi4py") is not None
 
 
-needs_mpi = pytest.mark.skipif(not mpi_available(),
-                               reason="mpiexec/mpi4py not installed (pip install ortcpu-torch[mpi])")
+needs_mpi = pytest.mark.skipif(
+    not mpi_available(), reason="mpiexec/mpi4py not installed (pip install ortcpu-torch[mpi])")
 
 
 def run_mpi(script: str | Path, *args: str, n: int = 2, timeout: float = 120,

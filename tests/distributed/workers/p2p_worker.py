@@ -8,8 +8,8 @@ Run by tests/distributed/test_distributed_mpi.py as
 import torch
 
 import ortcpu_torch  # noqa: F401
-from ortcpu_torch import kernels
 import ortcpu_torch.distributed as dist
+from ortcpu_torch import kernels
 from ortcpu_torch.distributed import _mpi
 
 rank, size = dist.rank(), dist.world_size()
