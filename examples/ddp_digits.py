@@ -116,6 +116,7 @@ def main() -> None:
             if step == args.warmup:
                 dist.barrier()
                 t_start, timed = time.perf_counter(), 0
+                wait0 = model.stats["wait_s"]
             loss = F.nll_loss(model(xs[idx]), ys[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -135,8 +136,10 @@ def main() -> None:
     dist.barrier()
     if t_start is not None and rank == 0:
         elapsed = time.perf_counter() - t_start
+        wait_ms = (model.stats["wait_s"] - wait0) / max(timed, 1) * 1e3
         print(f"samples/s {timed * args.global_batch / elapsed:.1f} "
-              f"({timed} timed steps, {elapsed:.3f} s)", flush=True)
+              f"({timed} timed steps, {elapsed:.3f} s; allreduce wait after backward "
+              f"{wait_ms:.3f} ms/step)", flush=True)
     model.eval()
     with torch.no_grad():
         acc = (model(xt).argmax(1) == yt).float().mean().item()

@@ -6,7 +6,8 @@ reverse registration order, which is roughly the order backward produces them). 
 gradient hook copies each gradient into its bucket as soon as it is accumulated; when a
 bucket is full a non-blocking MPI allreduce of it starts (buckets are launched in
 bucket order on every rank, so the collectives match), and the later hooks drive
-MPI's progress engine while backward continues. When ``backward()`` returns, every
+MPI's progress engine while backward continues (or, with ``overlap="thread"``, a
+communication thread runs it). When ``backward()`` returns, every
 ``.grad`` holds the gradient averaged over ranks, as with ``torch.nn.parallel.
 DistributedDataParallel``. float16/bfloat16 gradients are reduced in float32.
 """
@@ -14,6 +15,9 @@ DistributedDataParallel``. float16/bfloat16 gradients are reduced in float32.
 from __future__ import annotations
 
 import contextlib
+import queue
+import threading
+import time
 
 import torch
 
@@ -34,7 +38,8 @@ class _Bucket:
         self.arr = self.flat.numpy()
         self.ready = 0
         self.filled = [False] * len(params)
-        self.request = None
+        self.request = None  # Iallreduce request ("poll") or threading.Event ("thread")
+        self.error = None
 
     def slot(self, i):
         p = self.params[i]
@@ -47,8 +52,15 @@ class DataParallel(torch.nn.Module):
     Args:
         module: the model; rank 0's parameters and buffers are copied to every rank.
         bucket_mb: gradient bucket size in MiB (one allreduce per bucket).
-        overlap: start each bucket's allreduce during backward as it fills (True), or
-            reduce every bucket after backward has produced all gradients (False).
+        overlap: how a bucket's allreduce overlaps the rest of backward.
+            ``"poll"`` (or True, the default): a non-blocking ``Iallreduce`` starts as
+            soon as a bucket is full, and every later gradient hook drives MPI's
+            progress engine (MPICH progresses only inside MPI calls). ``"thread"``: a
+            communication thread runs each full bucket's blocking allreduce while
+            backward continues (mpi4py releases the GIL inside MPI calls); on a 2-core
+            machine with 2 ranks it competes with the compute thread and measured no
+            faster than False. False: every bucket is reduced after backward has
+            produced all gradients.
         broadcast_buffers: also copy rank 0's buffers (e.g. BatchNorm running stats)
             at construction.
 
@@ -68,19 +80,32 @@ class DataParallel(torch.nn.Module):
                 f"DataParallel: bucket_mb must be a positive number, got {bucket_mb!r}")
         self.module = module
         self.bucket_mb = bucket_mb
-        self.overlap = bool(overlap)
+        if overlap is True:
+            overlap = "poll"
+        if overlap not in (False, "thread", "poll"):
+            raise ValueError(f"DataParallel: overlap must be True, False, 'thread' or 'poll', "
+                             f"got {overlap!r}")
+        self.overlap = overlap
+        self._thread = None
         self._world = _mpi.world_size()
         self._buckets: list[_Bucket] = []
         self._hooks = []
         self._sync = True
         self._queued = False
         self._next = 0
+        # exposed communication: seconds spent after backward waiting for allreduces
+        self.stats = {"backward_calls": 0, "wait_s": 0.0}
         if self._world == 1:
             return
         MPI = _mpi.mpi(required=True)
         self._comm = MPI.COMM_WORLD.Dup()  # our own context: never matches user collectives
         self._broadcast_state(broadcast_buffers)
         self._build_buckets()
+        if self.overlap == "thread":
+            self._queue = queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._comm_loop, args=(self._queue,),
+                                            name="ortcpu-dp-allreduce", daemon=True)
+            self._thread.start()
 
     # -- construction ------------------------------------------------------------------
     @torch.no_grad()
@@ -161,13 +186,29 @@ class DataParallel(torch.nn.Module):
                 b.ready += 1
             if self.overlap:
                 self._launch_ready()
-                self._progress()
+                if self.overlap == "poll":
+                    self._progress()
 
         return hook
 
+    def _comm_loop(self, q):
+        MPI = _mpi.mpi(required=True)
+        while True:
+            b = q.get()
+            if b is None:
+                return
+            try:
+                self._comm.Allreduce(MPI.IN_PLACE, b.arr, op=MPI.SUM)
+            except BaseException as e:  # reported on the main thread by _finish
+                b.error = e
+            b.request.set()
+
     def _launch(self, b: _Bucket):
         MPI = _mpi.mpi(required=True)
-        if self.overlap:
+        if self.overlap == "thread":
+            b.request = threading.Event()
+            self._queue.put(b)
+        elif self.overlap == "poll":
             b.request = self._comm.Iallreduce(MPI.IN_PLACE, b.arr, op=MPI.SUM)
         else:
             self._comm.Allreduce(MPI.IN_PLACE, b.arr, op=MPI.SUM)
@@ -197,10 +238,20 @@ class DataParallel(torch.nn.Module):
                     b.slot(i).zero_()
                     b.filled[i] = True
                     b.ready += 1
+        t0 = time.perf_counter()
         self._launch_ready()
-        reqs = [b.request for b in self._buckets if b.request is not None]
-        if reqs:
-            MPI.Request.Waitall(reqs)
+        if self.overlap == "thread":
+            for b in self._buckets:
+                b.request.wait()
+            errors = [b.error for b in self._buckets if b.error is not None]
+            if errors:
+                raise RuntimeError("DataParallel: gradient allreduce failed") from errors[0]
+        else:
+            reqs = [b.request for b in self._buckets if b.request is not None]
+            if reqs:
+                MPI.Request.Waitall(reqs)
+        self.stats["wait_s"] += time.perf_counter() - t0
+        self.stats["backward_calls"] += 1
         for b in self._buckets:
             b.flat.div_(self._world)
             for i, p in enumerate(b.params):
@@ -209,7 +260,7 @@ class DataParallel(torch.nn.Module):
                     p.grad = avg.to(p.dtype).clone()
                 else:
                     p.grad.copy_(avg)
-            b.ready, b.filled, b.request = 0, [False] * len(b.params), None
+            b.ready, b.filled, b.request, b.error = 0, [False] * len(b.params), None, None
         self._next = 0
 
     # -- module API --------------------------------------------------------------------
@@ -225,6 +276,16 @@ class DataParallel(torch.nn.Module):
             yield
         finally:
             self._sync = old
+
+    def close(self) -> None:
+        """Stop the communication thread and remove the gradient hooks."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
 
     @property
     def world_size(self) -> int:

@@ -16,9 +16,8 @@ def _losses(out: str) -> dict[int, float]:
                                                    flags=re.M)}
 
 
-@pytest.mark.parametrize("model", ["mlp", "cnn"])
-def test_ddp_digits_matches_single_process(model):
-    args = ("--model", model, "--steps", "30", "--print-every", "5")
+def test_ddp_digits_matches_single_process():
+    args = ("--model", "cnn", "--steps", "30", "--print-every", "5")
     script = ROOT / "examples" / "ddp_digits.py"
     single = _losses(run_single(script, *args))
     multi = _losses(run_mpi(script, *args, timeout=180).stdout)

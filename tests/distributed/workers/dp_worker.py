@@ -49,7 +49,7 @@ def check_grads(ddp_model, ref, tag):
 
 
 for bucket_mb in (25, 0.002):
-    for overlap in (True, False):
+    for overlap in ("thread", "poll", False):
         tag = f"bucket_mb={bucket_mb} overlap={overlap}"
         torch.manual_seed(1234 + rank)  # different init per rank: construction must sync
         model = Net()
