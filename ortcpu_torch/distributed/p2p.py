@@ -89,7 +89,8 @@ def isend(tensor: torch.Tensor, dst: int, tag: int = 0) -> Request:
     """Start sending ``tensor`` to rank ``dst``; returns a request to ``wait()`` on.
 
     The tensor is sent detached and contiguous (a non-contiguous tensor is copied first
-    so the receiver gets its logical layout). Not autograd-aware (use ``send``).
+    so the receiver gets its logical layout); a contiguous tensor is sent from its own
+    memory, so do not modify it before ``wait()``. Not autograd-aware (use ``send``).
     """
     op = "isend"
     _mpi.check_tensor(op, "tensor", tensor)
