@@ -35,7 +35,20 @@ rank, world = dist.rank(), dist.world_size()
 local = gbatch // world
 (xs, ys), _ = ex.load_data(0)
 torch.manual_seed(0)
-base = {"cnn": ex.CNN, "mlp": ex.MLP, "mlp2048": lambda: ex.MLP(hidden=2048)}[model_name]()
+
+
+def deep():
+    """Six 1024-wide tanh layers: 5.3 M params in many buckets, backward long enough for
+    early buckets' allreduce to run while later layers' gradients are computed."""
+    layers = [torch.nn.Linear(64, 1024), torch.nn.Tanh()]
+    for _ in range(5):
+        layers += [torch.nn.Linear(1024, 1024), torch.nn.Tanh()]
+    layers += [torch.nn.Linear(1024, 10), torch.nn.LogSoftmax(1)]
+    return torch.nn.Sequential(*layers)
+
+
+base = {"cnn": ex.CNN, "mlp": ex.MLP, "mlp2048": lambda: ex.MLP(hidden=2048),
+        "deep": deep}[model_name]()
 modes = ["poll", "thread", False] if world > 1 else [False]
 runs = {}
 for m in modes:

@@ -9,13 +9,15 @@
    each overlap mode (``benchmarks/_ddp_worker.py``: the modes alternate block by block
    in one job). Cases: the digits CNN with one 25 MB bucket (the whole model) and with
    0.25 MB buckets, and a wide digits MLP (hidden 2048, 17 MB of gradients) where the
-   allreduce is large enough for overlap to matter. Reports samples/s, the scaling
+   allreduce is large enough for overlap to matter, and a deep 1024-wide MLP with one
+   4 MB bucket per layer, where backward is long enough to overlap. Reports samples/s, the scaling
    efficiency (2 ranks vs 2x one 1-thread process) and the allreduce time left waiting
    after backward (``DataParallel.stats``), which is what overlap hides.
 
 Each number is a median over interleaved blocks; the CPU time other processes used
 meanwhile is recorded (this 2-core machine is shared).
-Writes ``benchmarks/results/distributed.{json,md}``.
+Writes ``benchmarks/results/distributed.{json,md}`` (``--quick`` or ``--case``:
+``distributed_partial.{json,md}``, not committed).
 """
 
 from __future__ import annotations
@@ -92,9 +94,10 @@ def run_worker(ranks: int, threads: int, model: str, bucket_mb: float, blocks: i
 
 
 # (model, bucket_mb): the digits CNN (0.28 M params, one 1.1 MB bucket at 25 MB; three at
-# 0.25 MB) and a wide digits MLP (hidden 2048: 4.3 M params, 17 MB of gradients) where
-# communication is large enough for overlap to matter
-CASES = [("cnn", 25.0), ("cnn", 0.25), ("mlp2048", 4.0)]
+# 0.25 MB), a wide digits MLP (hidden 2048: 4.3 M params, 17 MB of gradients) where
+# communication is large enough for overlap to matter; and a deep 1024-wide MLP (5.3 M
+# params, 4 MB buckets: one per layer) where backward is long enough to overlap
+CASES = [("cnn", 25.0), ("cnn", 0.25), ("mlp2048", 4.0), ("deep", 4.0)]
 
 
 def main() -> None:
@@ -102,6 +105,8 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="fewer blocks and repetitions")
     p.add_argument("--blocks", type=int, default=7)
     p.add_argument("--steps", type=int, default=10, help="steps per timed block")
+    p.add_argument("--case", action="append", default=None,
+                   help="only these models (cnn, mlp2048, deep); repeatable")
     args = p.parse_args()
     blocks, reps = (3, 8) if args.quick else (args.blocks, 20)
     load = ForeignLoad()
@@ -114,6 +119,8 @@ def main() -> None:
 
     rows = []
     for model, bucket_mb in CASES:
+        if args.case and model not in args.case:
+            continue
         one = run_worker(1, 1, model, bucket_mb, blocks, args.steps)
         two_thr = run_worker(1, 2, model, bucket_mb, blocks, args.steps)
         ddp = run_worker(2, 1, model, bucket_mb, blocks, args.steps)
@@ -133,7 +140,8 @@ def main() -> None:
               args.steps, "ddp": rows, "load": load.report(),
               "when": time.strftime("%Y-%m-%d %H:%M:%S")}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "distributed.json").write_text(json.dumps(result, indent=1) + "\n")
+    stem = "distributed_partial" if (args.quick or args.case) else "distributed"
+    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
     md = ["# Distributed benchmarks", "",
           f"`python -m benchmarks.distributed{' --quick' if args.quick else ''}` — "
           f"{result['when']}; other processes used {result['load']['foreign_share']:.0%} of "
@@ -161,7 +169,7 @@ def main() -> None:
             f"{r['2rank_overlap_vs_1proc_2thr']} / {r['2rank_no_overlap_vs_1proc_2thr']} | "
             f"{r['2rank_overlap_wait_ms']} / {r['2rank_overlap_thread_wait_ms']} / "
             f"{r['2rank_no_overlap_wait_ms']} |")
-    (RESULTS / "distributed.md").write_text("\n".join(md) + "\n")
+    (RESULTS / f"{stem}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 
 
