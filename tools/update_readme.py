@@ -29,6 +29,13 @@ def bench_table() -> str:
     return path.read_text().strip()
 
 
+def summary_bench_table() -> str:
+    path = ROOT / "benchmarks" / "results" / "summary.md"
+    if not path.exists():
+        return "_No results yet: run `make bench-summary`._"
+    return path.read_text().strip()
+
+
 def replace_section(text: str, name: str, body: str) -> str:
     pattern = re.compile(rf"(<!-- BEGIN {name} -->\n)(?:.*?\n)?(<!-- END {name} -->)", re.S)
     if not pattern.search(text):
@@ -41,6 +48,8 @@ def main() -> None:
     text = readme.read_text()
     text = replace_section(text, "kernels", kernel_list())
     text = replace_section(text, "benchmarks", bench_table())
+    if "<!-- BEGIN summary-benchmarks -->" in text:
+        text = replace_section(text, "summary-benchmarks", summary_bench_table())
     readme.write_text(text)
     print(f"updated {readme}")
 

@@ -90,6 +90,42 @@ int ortcpu_softmax_backward_f64(const double *dy, const double *y, double *dx,
                                 int64_t outer, int64_t dim, int64_t inner, int log_,
                                 int nthreads);
 
+/* ---- summaries (spec §16): histogram statistics and bucketing, event framing ----
+ * Bucketing counts, for every value x, u(x) = #{i : edges[i] <= x} (an upper_bound on
+ * the sorted `edges`, length nedges >= 1, no NaN). `lut` (ORTCPU_SUMMARY_LUT_SIZE int32)
+ * and `cell_edge` (ORTCPU_SUMMARY_CELLS floats), both filled by ortcpu_summary_edges_lut for the same
+ * edges, make that a table look-up (branch-free when no table cell holds more than one
+ * edge, as for TensorFlow's/ORT's 1.1-ratio edges); lut = NULL means a binary search.
+ * mode ORTCPU_HIST_ORT:   non-finite values are skipped; counts has nedges + 1 entries,
+ *                         counts[min(u(x), nedges - 1)] += 1 (a value equal to the
+ *                         last edge is counted under it; ORT 1.19.2 indexes past its
+ *                         counts and aborts for any value >= 9.92e19); stats over the
+ *                         finite values with min = +DBL_MAX, max = -DBL_MAX initially,
+ *                         summed in order within a chunk (one thread: ORT's sums).
+ * mode ORTCPU_HIST_NUMPY: numpy.histogram(x, bins=edges): counts has nedges - 1 entries,
+ *                         bin u(x) - 1 for edges[0] <= x < edges[-1], the last bin
+ *                         closed; values outside (and NaN) are not counted; stats over
+ *                         all values (NaN/inf propagate, as numpy's min/max/sum do).
+ * stats = [min, max, num, sum, sum_squares], accumulated in double.                  */
+enum { ORTCPU_HIST_ORT = 0, ORTCPU_HIST_NUMPY = 1, ORTCPU_SUMMARY_LUT_SIZE = 131076,
+       ORTCPU_SUMMARY_CELLS = 65536 };
+int ortcpu_summary_edges_lut(const double *edges, int64_t nedges, int32_t *lut,
+                             float *cell_edge);
+int ortcpu_summary_histogram_f32(const float *x, int64_t n, const double *edges,
+                                 int64_t nedges, const int32_t *lut, const float *cell_edge,
+                                 int mode, double *counts, double *stats, int nthreads);
+int ortcpu_summary_histogram_f64(const double *x, int64_t n, const double *edges,
+                                 int64_t nedges, const int32_t *lut, const float *cell_edge,
+                                 int mode, double *counts, double *stats, int nthreads);
+/* TFRecord framing of `count` records stored back to back in `data` (lengths[i]
+ * bytes each): out (sum(lengths) + 16*count bytes) receives, per record,
+ * uint64 length, masked CRC-32C of those 8 bytes, the data, masked CRC-32C of the
+ * data (little-endian).                                                         */
+int ortcpu_summary_frame_records(const uint8_t *data, const int64_t *lengths, int64_t count,
+                                 uint8_t *out, int64_t out_size);
+/* masked CRC-32C of n bytes into *crc (for readers and tests) */
+int ortcpu_summary_masked_crc32c(const uint8_t *data, int64_t n, uint32_t *crc);
+
 /* ---- BLAS (linked from scipy-openblas32): C = alpha*op(A)*op(B) + beta*C,
  * row-major; trans_a/trans_b are 0 or 1.                                   */
 int ortcpu_gemm_f32(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,

@@ -9,6 +9,7 @@ returns one.
 from . import (
     activations,  # noqa: F401  (registers its ops)
     comm,  # noqa: F401  (Send, Recv over MPI)
+    summary,  # noqa: F401  (registers its ops)
 )
 from ._registry import _OPS, get, names, register
 

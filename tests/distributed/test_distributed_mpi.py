@@ -10,15 +10,17 @@ from .conftest import needs_mpi, run_mpi
 pytestmark = needs_mpi
 
 
-def test_point_to_point_kernels_and_collectives():
+def test_point_to_point_kernels_and_collectives(tmp_path):
     """Every dtype and several shapes both ways, non-contiguous layouts, out=, mismatched
     dtype/shape errors (channel stays in sync), isend/irecv out of order, Send/Recv
     kernels with variadic heterogeneous tensors, broadcast_/allreduce_ of every
-    reducible dtype (bfloat16 in float32), autograd-aware send/recv."""
-    proc = run_mpi("p2p_worker.py", timeout=120)
+    reducible dtype (bfloat16 in float32), autograd-aware send/recv; the TensorBoard
+    writer writes on rank 0 only."""
+    proc = run_mpi("p2p_worker.py", str(tmp_path / "tb"), timeout=120)
     for r in (0, 1):
         assert f"rank {r}: dtypes:" in proc.stdout
         assert "autograd send/recv ok" in proc.stdout
+    assert proc.stdout.count("summary writer on rank 0 only ok") == 2
 
 
 def test_data_parallel_grads_equal_concatenated_batch():

@@ -130,3 +130,11 @@ def test_wire_layout_aligns_to_256_bytes():
     assert q.data.view("float32").tolist() == [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]
     with pytest.raises(RuntimeError, match="not an ortcpu_torch tensor header"):
         _mpi.decode_header("t", [1, 2, 3, 4, 5], 5, 1, 0)
+
+
+def test_summary_rank_source_is_installed():
+    from ortcpu_torch import summary
+    from ortcpu_torch.summary import _rank
+
+    assert _rank._source is dist.summary_rank
+    assert summary.get_rank() == 0 == dist.summary_rank()

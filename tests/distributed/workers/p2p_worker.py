@@ -5,6 +5,8 @@ Run by tests/distributed/test_distributed_mpi.py as
 ``python -m mpi4py`` then aborts the whole job with a non-zero exit code.
 """
 
+import sys
+
 import torch
 
 import ortcpu_torch  # noqa: F401
@@ -222,6 +224,21 @@ else:
     h = dist.recv(0, tag=6, requires_grad=False)
     assert not h.requires_grad and torch.equal(h, x)
 log.append("autograd send/recv ok")
+
+# 9. TensorBoard: the summary writer's rank source is ours, so only rank 0 writes
+if len(sys.argv) > 1:
+    import os
+
+    from ortcpu_torch import summary
+
+    assert summary.get_rank() == rank
+    w = summary.SummaryWriter(sys.argv[1])
+    w.add_scalar("loss", 1.5 + rank, 0)
+    w.close()
+    dist.barrier()
+    files = [f for _, _, fs in os.walk(sys.argv[1]) for f in fs]
+    assert len(files) == 1 and "tfevents" in files[0], files
+    log.append("summary writer on rank 0 only ok")
 
 dist.barrier()
 print(f"rank {rank}: " + "; ".join(log), flush=True)

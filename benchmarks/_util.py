@@ -1,0 +1,163 @@
+"""Helpers shared by the benchmark scripts: thread settings, the streaming-copy
+bandwidth probe, robust statistics and a description of the machine."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import time
+
+import torch
+
+import ortcpu_torch
+from ortcpu_torch._native import lib, ptr
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def set_threads(n: int) -> None:
+    """Same thread count for torch's intra-op pool and for our kernels."""
+    torch.set_num_threads(n)
+    ortcpu_torch.set_num_threads(n)
+
+
+def quantiles(samples: list[float]) -> dict:
+    """Median and quartiles (same unit as ``samples``)."""
+    s = sorted(samples)
+    if len(s) == 1:
+        return {"median": s[0], "p25": s[0], "p75": s[0]}
+    q = statistics.quantiles(s, n=4, method="inclusive")
+    return {"median": statistics.median(s), "p25": q[0], "p75": q[2]}
+
+
+class Copier:
+    """The native multi-threaded streaming copy on buffers far larger than the last-level
+    cache (both already touched); ``once`` returns GB/s counting read + write."""
+
+    def __init__(self, nbytes: int = 64 << 20):
+        self.n = nbytes // 4
+        self.src = torch.rand(self.n)
+        self.dst = torch.zeros(self.n)
+
+    def once(self, nthreads: int) -> float:
+        t0 = time.perf_counter()
+        st = lib.ortcpu_stream_copy_f32(ptr(self.src), ptr(self.dst), self.n, nthreads)
+        t1 = time.perf_counter()
+        if st != 0:
+            raise RuntimeError(f"ortcpu_stream_copy_f32 failed with status {st}")
+        return 2 * self.n * 4 / (t1 - t0) / 1e9
+
+
+def copy_bandwidth(nthreads: int, reps: int = 15, copier: Copier | None = None) -> float:
+    """Median GB/s of ``reps`` streaming copies (after 3 warm-up copies)."""
+    c = copier or Copier()
+    samples = [c.once(nthreads) for _ in range(reps + 3)][3:]
+    return statistics.median(samples)
+
+
+def machine_info() -> dict:
+    """Enough context to interpret (and not over-interpret) the numbers."""
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+            cwd=os.path.dirname(RESULTS), timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    ext = ""
+    try:
+        native_dir = os.path.join(os.path.dirname(ortcpu_torch.__file__), "_native")
+        so = glob.glob(os.path.join(native_dir, "_ortcpu*.so"))
+        with open(so[0], "rb") as f:
+            ext = hashlib.sha256(f.read()).hexdigest()[:12]
+    except (OSError, IndexError):
+        pass
+    return {
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "ortcpu_torch": ortcpu_torch.__version__,
+        "python": platform.python_version(),
+        "commit": commit,
+        "extension_sha256": ext,  # the native code measured (the tree may be ahead of commit)
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "loadavg": [round(v, 2) for v in os.getloadavg()],
+        "env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY",
+                                            "GOMP_SPINCOUNT", "GLIBC_TUNABLES")
+                if k in os.environ},
+    }
+
+
+def openmp_runtimes() -> list[str]:
+    """Distinct OpenMP runtime files mapped into this process (/proc/self/maps)."""
+    found = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 6:
+                name = os.path.basename(parts[5])
+                if ("gomp" in name or "iomp" in name or name.startswith("libomp")) \
+                        and parts[5] not in found:
+                    found.append(parts[5])
+    return found
+
+
+class ForeignLoad:
+    """CPU time that *other* processes used while we measured: the machine's busy time
+    (/proc/stat) minus this process's and its waited-for children's. On a shared 2-core
+    machine this is the first thing to look at when numbers jump."""
+
+    def __init__(self):
+        self.start = self._snapshot()
+
+    @staticmethod
+    def _snapshot() -> tuple[float, float, float]:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        hz = os.sysconf("SC_CLK_TCK")
+        busy = (sum(v) - v[3] - v[4]) / hz  # everything but idle and iowait
+        me = resource.getrusage(resource.RUSAGE_SELF)
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        own = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+        return busy, own, time.monotonic()
+
+    def report(self) -> dict:
+        busy, own, wall = (b - a for a, b in zip(self.start, self._snapshot(), strict=True))
+        cpus = os.cpu_count() or 1
+        foreign = max(0.0, busy - own)
+        return {"wall_s": round(wall, 1), "own_cpu_s": round(own, 1),
+                "foreign_cpu_s": round(foreign, 1),
+                "foreign_share": round(foreign / (wall * cpus), 3) if wall > 0 else 0.0}
+
+
+def wait_quiet(max_seconds: float, busy_limit: float = 0.03, window: int = 5) -> bool:
+    """Wait (at most ``max_seconds``) until the whole machine has been below
+    ``busy_limit`` CPU use for ``window`` consecutive 2-second samples."""
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v) - v[3] - v[4], sum(v)
+
+    deadline, quiet = time.monotonic() + max_seconds, 0
+    while time.monotonic() < deadline:
+        a = sample()
+        time.sleep(2)
+        b = sample()
+        quiet = quiet + 1 if (b[0] - a[0]) / max(1, b[1] - a[1]) < busy_limit else 0
+        if quiet >= window:
+            return True
+    return False
