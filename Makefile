@@ -10,7 +10,7 @@ EXT_STAMP := $(VENV)/.ext-built
 NATIVE_SRC := $(wildcard native/include/*.h native/src/*.c native/src/*.h native/src/*.inc) \
               ortcpu_torch/_native/build.py setup.py
 
-.PHONY: all test demo bench bench-summary build lint readme clean
+.PHONY: all test demo bench bench-summary bench-distributed build lint readme clean
 
 all: test
 
@@ -45,6 +45,10 @@ bench: $(EXT_STAMP)
 # TensorBoard writer vs torch.utils.tensorboard (benchmarks/results/summary.md)
 bench-summary: $(EXT_STAMP)
 	$(BIN)/python -m benchmarks.bench_summary $(BENCH_ARGS)
+
+# allreduce_ vs raw mpi4py, DataParallel scaling/overlap (benchmarks/results/distributed.md)
+bench-distributed: $(EXT_STAMP)
+	$(BIN)/python -m benchmarks.distributed $(BENCH_ARGS)
 
 readme: $(EXT_STAMP)
 	$(BIN)/python tools/update_readme.py

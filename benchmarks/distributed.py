@@ -25,11 +25,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from ._util import ForeignLoad
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -45,31 +46,6 @@ def env(threads: int) -> dict:
     e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
     e["OMP_NUM_THREADS"] = str(threads)
     return e
-
-
-class ForeignLoad:
-    """CPU seconds used by other processes while we measure (/proc/stat busy time minus
-    our own and our children's)."""
-
-    def __init__(self):
-        self.start = self._snap()
-
-    @staticmethod
-    def _snap():
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-        busy = (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
-        me, kids = (resource.getrusage(w) for w in (resource.RUSAGE_SELF,
-                                                     resource.RUSAGE_CHILDREN))
-        own = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-        return busy, own, time.monotonic()
-
-    def report(self) -> dict:
-        busy, own, wall = (b - a for a, b in zip(self.start, self._snap(), strict=True))
-        foreign = max(0.0, busy - own)
-        cpus = os.cpu_count() or 1
-        return {"wall_s": round(wall, 1), "foreign_cpu_s": round(foreign, 1),
-                "foreign_share": round(foreign / (wall * cpus), 3) if wall else 0.0}
 
 
 def bench_allreduce(reps: int) -> dict:
