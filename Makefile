@@ -10,7 +10,7 @@ EXT_STAMP := $(VENV)/.ext-built
 NATIVE_SRC := $(wildcard native/include/*.h native/src/*.c native/src/*.h native/src/*.inc) \
               ortcpu_torch/_native/build.py setup.py
 
-.PHONY: all test demo bench bench-summary bench-distributed build lint readme clean
+.PHONY: all test demo bench bench-optim bench-summary bench-distributed build lint readme clean
 
 all: test
 
@@ -41,6 +41,10 @@ demo: $(EXT_STAMP)
 # make bench BENCH_ARGS="--quick gelu"
 bench: $(EXT_STAMP)
 	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
+
+# optimizer steps vs torch's fused optimizers: make bench-optim OPTIM_BENCH_ARGS="--quick"
+bench-optim: $(EXT_STAMP)
+	$(BIN)/python -m benchmarks.optim $(OPTIM_BENCH_ARGS)
 
 # TensorBoard writer vs torch.utils.tensorboard (benchmarks/results/summary.md)
 bench-summary: $(EXT_STAMP)

@@ -4,7 +4,7 @@
 - ``ortcpu_torch.ops`` / ``ortcpu_torch.nn``: autograd functions and torch.nn modules.
 """
 
-from . import kernels, nn, ops  # noqa: E402  (after the extension is loaded)
+from . import kernels, nn, ops, optim  # noqa: E402  (after the extension is loaded)
 from ._native import (
     KernelError,
     empty_cache,
@@ -26,4 +26,5 @@ __all__ = [
     "kernels",
     "nn",
     "ops",
+    "optim",
 ]

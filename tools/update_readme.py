@@ -1,6 +1,7 @@
 """Regenerate the README's generated sections: the kernel list (from the registry)
-and the benchmark table (from benchmarks/results/latest.md, written by
-``make bench``). Run by ``make readme``; sections sit between
+and the benchmark tables (from benchmarks/results/latest.md, written by
+``make bench``; benchmarks/results/optim.md, by ``make bench-optim``). Run by
+``make readme``; sections sit between
 ``<!-- BEGIN name -->`` / ``<!-- END name -->`` markers."""
 
 from __future__ import annotations
@@ -29,6 +30,13 @@ def bench_table() -> str:
     return path.read_text().strip()
 
 
+def optim_bench_table() -> str:
+    path = ROOT / "benchmarks" / "results" / "optim.md"
+    if not path.exists():
+        return "_No optimizer benchmark results yet: run `make bench-optim`._"
+    return path.read_text().strip()
+
+
 def summary_bench_table() -> str:
     path = ROOT / "benchmarks" / "results" / "summary.md"
     if not path.exists():
@@ -48,6 +56,7 @@ def main() -> None:
     text = readme.read_text()
     text = replace_section(text, "kernels", kernel_list())
     text = replace_section(text, "benchmarks", bench_table())
+    text = replace_section(text, "benchmarks-optim", optim_bench_table())
     if "<!-- BEGIN summary-benchmarks -->" in text:
         text = replace_section(text, "summary-benchmarks", summary_bench_table())
     readme.write_text(text)

@@ -90,6 +90,200 @@ int ortcpu_softmax_backward_f64(const double *dy, const double *y, double *dx,
                                 int64_t outer, int64_t dim, int64_t inner, int log_,
                                 int nthreads);
 
+/* ---- optimizers (spec §12) -------------------------------------------------
+ * Multi-tensor: one call updates a whole parameter group, given as arrays of
+ * `ntensors` pointers and element counts (`sizes`). Work is split over the
+ * concatenated element range, so threads share the group across and within
+ * tensors; every tensor is read and written in one pass. Updates are in place.
+ * Gradients are multiplied by `grad_scale` as they are read (fused clipping;
+ * pass 1.0 otherwise) and negated when `maximize`.
+ *
+ * Adam family, `mode` (ORTCPU_ADAM_*); bc1 = 1 - beta1^t, bc2 = 1 - beta2^t
+ * (1 when bias correction is off):
+ *  TORCH  (torch.optim.AdamW, ORT adam_mode 0): w *= 1 - lr*wd; m = lerp(m, g, 1-b1);
+ *         v = b2*v + (1-b2)*g*g; w -= (lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps)
+ *  HF     (ORT adam_mode 1): m, v as above; w -= lr*sqrt(bc2)/bc1 * m/(sqrt(v)+eps);
+ *         w -= lr*wd*w
+ *  L2     (torch.optim.Adam): g += wd*w, then TORCH without the decoupled decay
+ *  In TORCH and L2 modes `step_size` (lr/bc1) and `decay` (1 - lr*wd) are given by the
+ *  caller, already rounded as it wants them (torch rounds them to float32 for a tensor lr).
+ *  LEGACY (ORT AdamOptimizer): d = -lr*((m/bc1)/(sqrt(v/bc2)+eps) + wd*w); w += d;
+ *         delta (may be NULL) receives d
+ * `vmax` (may be NULL: no amsgrad) keeps max(vmax, v), used in place of v.   */
+enum {
+    ORTCPU_ADAM_TORCH = 0,
+    ORTCPU_ADAM_HF = 1,
+    ORTCPU_ADAM_L2 = 2,
+    ORTCPU_ADAM_LEGACY = 3
+};
+int ortcpu_adam_multi_f32(float *const *w, const float *const *g, float *const *m,
+                          float *const *v, float *const *vmax, float *const *delta,
+                          const int64_t *sizes, int64_t ntensors, double lr, double beta1,
+                          double beta2, double eps, double weight_decay, double bc1,
+                          double bc2, double step_size, double decay, int mode,
+                          int maximize, double grad_scale, int nthreads);
+int ortcpu_adam_multi_f64(double *const *w, const double *const *g, double *const *m,
+                          double *const *v, double *const *vmax, double *const *delta,
+                          const int64_t *sizes, int64_t ntensors, double lr, double beta1,
+                          double beta2, double eps, double weight_decay, double bc1,
+                          double bc2, double step_size, double decay, int mode,
+                          int maximize, double grad_scale, int nthreads);
+
+/* SGD (torch.optim.SGD; ORT SGDOptimizerV2 / SGDOptimizer with momentum 0):
+ *   g = ±g*grad_scale + wd*w;
+ *   momentum > 0: buf = init[i] ? g : momentum*buf + (1-dampening)*g;
+ *                 g = nesterov ? g + momentum*buf : buf
+ *   d = -lr*g;  w += d;  delta (may be NULL, may alias g) receives d.
+ * `buf` and `init` may be NULL when momentum == 0.                          */
+int ortcpu_sgd_multi_f32(float *const *w, const float *const *g, float *const *buf,
+                         float *const *delta, const uint8_t *init, const int64_t *sizes,
+                         int64_t ntensors, double lr, double momentum, double dampening,
+                         double weight_decay, int nesterov, int maximize, double grad_scale,
+                         int nthreads);
+int ortcpu_sgd_multi_f64(double *const *w, const double *const *g, double *const *buf,
+                         double *const *delta, const uint8_t *init, const int64_t *sizes,
+                         int64_t ntensors, double lr, double momentum, double dampening,
+                         double weight_decay, int nesterov, int maximize, double grad_scale,
+                         int nthreads);
+
+/* Optimizer step counters (torch keeps one float32 0-d tensor per parameter):
+ * *steps[i] += 1 and values[i] = the new count, for n counters in one call.       */
+int ortcpu_count_steps(float *const *steps, int64_t n, double *values);
+
+/* ---- gradient control (spec §10.2, §10.3, §13) -------------------------------
+ * Multi-tensor like the optimizers.
+ * norm: out[0] = sum |x|^p over every element of every tensor (p = 2: sum of
+ *   squares, p = 1: sum of |x|), accumulated in double; p = INFINITY: max |x|.
+ *   NaN anywhere gives NaN. No root is taken.
+ * scale: y[i] = x[i] * factor (y may alias x).
+ * axpy: y[i] += alpha * x[i].
+ * copy: y[i] = x[i].  zero: x[i] = 0.
+ * all_finite: *out = 1 when no element is inf (check_inf) or NaN (check_nan).  */
+int ortcpu_norm_multi_f32(const float *const *x, const int64_t *sizes, int64_t ntensors,
+                          double p, double *out, int nthreads);
+int ortcpu_norm_multi_f64(const double *const *x, const int64_t *sizes, int64_t ntensors,
+                          double p, double *out, int nthreads);
+int ortcpu_scale_multi_f32(const float *const *x, float *const *y, const int64_t *sizes,
+                           int64_t ntensors, double factor, int nthreads);
+int ortcpu_scale_multi_f64(const double *const *x, double *const *y, const int64_t *sizes,
+                           int64_t ntensors, double factor, int nthreads);
+int ortcpu_axpy_multi_f32(const float *const *x, float *const *y, const int64_t *sizes,
+                          int64_t ntensors, double alpha, int nthreads);
+int ortcpu_axpy_multi_f64(const double *const *x, double *const *y, const int64_t *sizes,
+                          int64_t ntensors, double alpha, int nthreads);
+int ortcpu_copy_multi_f32(const float *const *x, float *const *y, const int64_t *sizes,
+                          int64_t ntensors, int nthreads);
+int ortcpu_copy_multi_f64(const double *const *x, double *const *y, const int64_t *sizes,
+                          int64_t ntensors, int nthreads);
+int ortcpu_zero_multi_f32(float *const *x, const int64_t *sizes, int64_t ntensors,
+                          int nthreads);
+int ortcpu_zero_multi_f64(double *const *x, const int64_t *sizes, int64_t ntensors,
+                          int nthreads);
+int ortcpu_all_finite_multi_f32(const float *const *x, const int64_t *sizes, int64_t ntensors,
+                                int check_inf, int check_nan, int *out, int nthreads);
+int ortcpu_all_finite_multi_f64(const double *const *x, const int64_t *sizes,
+                                int64_t ntensors, int check_inf, int check_nan, int *out,
+                                int nthreads);
+/* ---- normalization: LayerNorm / RMSNorm (spec §4) ---------------------------
+ * Rows of a [rows, cols] view are normalised. scale/bias (length cols) may be NULL
+ * (1 / 0). simplified = 1: RMSNorm (no mean, no bias). mean / inv_std (length rows)
+ * may be NULL; in RMS mode mean is not written.
+ * Backward modes: 0 LayerNorm from X; 1 RMSNorm from X (mean unused, no dbias);
+ * 2 invertible LayerNorm from the forward output Y (xhat = (Y - bias) / scale).
+ * dscale/dbias (length cols) may be NULL.                                    */
+int ortcpu_layernorm_forward_f32(const float *x, const float *scale, const float *bias,
+                                 float *y, float *mean, float *inv_std, int64_t rows,
+                                 int64_t cols, double eps, int simplified, int nthreads);
+int ortcpu_layernorm_forward_f64(const double *x, const double *scale, const double *bias,
+                                 double *y, double *mean, double *inv_std, int64_t rows,
+                                 int64_t cols, double eps, int simplified, int nthreads);
+int ortcpu_layernorm_backward_f32(const float *dy, const float *xy, const float *scale,
+                                  const float *bias, const float *mean, const float *inv_std,
+                                  float *dx, float *dscale, float *dbias, int64_t rows,
+                                  int64_t cols, int mode, int nthreads);
+int ortcpu_layernorm_backward_f64(const double *dy, const double *xy, const double *scale,
+                                  const double *bias, const double *mean,
+                                  const double *inv_std, double *dx, double *dscale,
+                                  double *dbias, int64_t rows, int64_t cols, int mode,
+                                  int nthreads);
+
+/* ---- batch normalization (spec §5) -------------------------------------------
+ * X is viewed as [n, c, s] (s = product of spatial dims, 1 for [N, C]).
+ * forward_train: per-channel batch mean / biased variance, then
+ *   y = (x - mean) * inv_std * scale + bias, inv_std = 1/sqrt(var + eps);
+ *   writes mean, var (biased) and inv_std (length c). scale/bias may be NULL.
+ * apply: y = x * a[c] + b[c] (inference, or any per-channel affine map).
+ * backward: training = 1 uses batch statistics (mean = saved mean,
+ *   inv_std = saved inverse std); training = 0 treats them as constants
+ *   (dx = dy * scale * inv_std). dscale/dbias may be NULL.                   */
+int ortcpu_batchnorm_forward_train_f32(const float *x, const float *scale, const float *bias,
+                                       float *y, float *mean, float *var, float *inv_std,
+                                       int64_t n, int64_t c, int64_t s, double eps,
+                                       int nthreads);
+int ortcpu_batchnorm_forward_train_f64(const double *x, const double *scale,
+                                       const double *bias, double *y, double *mean,
+                                       double *var, double *inv_std, int64_t n, int64_t c,
+                                       int64_t s, double eps, int nthreads);
+int ortcpu_batchnorm_apply_f32(const float *x, const float *a, const float *b, float *y,
+                               int64_t n, int64_t c, int64_t s, int nthreads);
+int ortcpu_batchnorm_apply_f64(const double *x, const double *a, const double *b, double *y,
+                               int64_t n, int64_t c, int64_t s, int nthreads);
+int ortcpu_batchnorm_backward_f32(const float *dy, const float *x, const float *scale,
+                                  const float *mean, const float *inv_std, float *dx,
+                                  float *dscale, float *dbias, int64_t n, int64_t c,
+                                  int64_t s, int training, int nthreads);
+int ortcpu_batchnorm_backward_f64(const double *dy, const double *x, const double *scale,
+                                  const double *mean, const double *inv_std, double *dx,
+                                  double *dscale, double *dbias, int64_t n, int64_t c,
+                                  int64_t s, int training, int nthreads);
+
+/* ---- softmax cross-entropy losses (spec §11) ----------------------------------
+ * Logits x are viewed as [n, c, d] (classes on the middle axis; d = 1 for [N, C]);
+ * a sample is one (n, d) pair, index i = n*d + j.
+ * Sparse labels (int64, length n*d, value in [0, c) or == ignore_index), or dense
+ * labels (same layout as x, `dense` != NULL; label must then be NULL).
+ * weight: per-class [c] or NULL; sample_weight: per-sample [n*d] or NULL.
+ * smoothing: label smoothing eps (torch's definition), 0 for ORT.
+ * forward: per-sample loss (may be NULL), log_prob (may be NULL), lse = max + log(sum
+ *   exp) per sample (may be NULL); totals[0] = sum of losses, totals[1] = sum of the
+ *   weights of non-ignored samples (their count without weights).
+ * backward: d = (exp(src - shift) * sum(target) - target) * g, shift per sample (NULL: src is log_prob);
+ *   g = dy_scale * (dy ? dy[i] : 1) * weight; ignored samples get 0; add (may be NULL) is
+ *   added elementwise. A label out of range fails with INDEX_OUT_OF_RANGE naming it.  */
+int ortcpu_sce_forward_f32(const float *x, const int64_t *label, const float *dense,
+                           const float *weight, const float *sample_weight, float *loss,
+                           float *log_prob, float *lse, double *totals, int64_t n, int64_t c,
+                           int64_t d, int64_t ignore_index, double smoothing, int nthreads);
+int ortcpu_sce_forward_f64(const double *x, const int64_t *label, const double *dense,
+                           const double *weight, const double *sample_weight, double *loss,
+                           double *log_prob, double *lse, double *totals, int64_t n,
+                           int64_t c, int64_t d, int64_t ignore_index, double smoothing,
+                           int nthreads);
+int ortcpu_sce_backward_f32(const float *src, const float *shift, const int64_t *label,
+                            const float *dense, const float *weight,
+                            const float *sample_weight, const float *dy, double dy_scale,
+                            const float *add, float *dx, int64_t n, int64_t c, int64_t d,
+                            int64_t ignore_index, double smoothing, int nthreads);
+int ortcpu_sce_backward_f64(const double *src, const double *shift, const int64_t *label,
+                            const double *dense, const double *weight,
+                            const double *sample_weight, const double *dy, double dy_scale,
+                            const double *add, double *dx, int64_t n, int64_t c, int64_t d,
+                            int64_t ignore_index, double smoothing, int nthreads);
+
+/* ---- dropout (spec §7) ----------------------------------------------------------
+ * forward: mask[i] = u_i >= ratio with u_i in [0, 1) from a counter-based hash of
+ * (seed, i) (24-bit resolution; independent of the thread count), y = mask ? x/(1-ratio)
+ * : 0 (ratio 1: all zero). mask (bool bytes) may be NULL.
+ * backward: dx = mask ? dy * scale : 0; mask NULL means all kept.              */
+int ortcpu_dropout_forward_f32(const float *x, float *y, uint8_t *mask, int64_t n,
+                               double ratio, uint64_t seed, int nthreads);
+int ortcpu_dropout_forward_f64(const double *x, double *y, uint8_t *mask, int64_t n,
+                               double ratio, uint64_t seed, int nthreads);
+int ortcpu_dropout_backward_f32(const float *dy, const uint8_t *mask, float *dx, int64_t n,
+                                double scale, int nthreads);
+int ortcpu_dropout_backward_f64(const double *dy, const uint8_t *mask, double *dx, int64_t n,
+                                double scale, int nthreads);
+
 /* ---- summaries (spec §16): histogram statistics and bucketing, event framing ----
  * Bucketing counts, for every value x, u(x) = #{i : edges[i] <= x} (an upper_bound on
  * the sorted `edges`, length nedges >= 1, no NaN). `lut` (ORTCPU_SUMMARY_LUT_SIZE int32)

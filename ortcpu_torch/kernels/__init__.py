@@ -6,10 +6,16 @@ See DESIGN.md, "Registry call convention". ``names()`` lists the ops, ``get(name
 returns one.
 """
 
-from . import (
-    activations,  # noqa: F401  (registers its ops)
-    comm,  # noqa: F401  (Send, Recv over MPI)
-    summary,  # noqa: F401  (registers its ops)
+from . import (  # noqa: F401  (each module registers its ops)
+    activations,
+    batchnorm,
+    comm,
+    dropout,
+    grad_control,
+    loss,
+    norm,
+    optim,
+    summary,
 )
 from ._registry import _OPS, get, names, register
 

@@ -247,6 +247,8 @@ def run_ours(case: Case, ours: Callable | None = None, ours_kwargs: Mapping | No
     def np_(r):
         if r is None:
             return None
+        if isinstance(r, (list, tuple)):  # a sequence output
+            return [np_(t) for t in r]
         if isinstance(r, torch.Tensor):
             return r.detach().cpu().numpy()
         return np.asarray(r)
@@ -313,6 +315,13 @@ def check_op(op_type: str, inputs: Sequence, attrs: Mapping | None = None, *,
             assert a is None, f"{case.describe()}: output {k} was not requested"
             continue
         rt, at = tolerances.get(k, (rtol, atol))
+        if isinstance(b, list):  # a sequence output: element by element
+            assert isinstance(a, list) and len(a) == len(b), \
+                f"{case.describe()} output {k}: a sequence of {len(b)} tensors expected"
+            for j, (x, y) in enumerate(zip(a, b, strict=True)):
+                assert_arrays_close(x, y, rtol=rt, atol=at,
+                                    what=f"{case.describe()} output {k}[{j}]")
+            continue
         assert_arrays_close(a, b, rtol=rt, atol=at, what=f"{case.describe()} output {k}")
     for i in compare_inputs:
         a, b = our_in[i], ort_in[i]

@@ -1,0 +1,75 @@
+"""Autograd function for batch normalization (ORT BatchNormInternal /
+BatchNormalizationGrad), with ``torch.nn.functional.batch_norm``'s signature."""
+
+from __future__ import annotations
+
+import torch
+
+from ..kernels import batchnorm as K
+from .activations import once_differentiable
+
+
+class _BatchNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var, training: bool,
+                momentum: float, eps: float, unbiased: bool):
+        op = "batch_norm"
+        x = K.float_input(op, "input", x)
+        n, c, s = K.ncs(op, x, "input")
+        for name, t in (("running_mean", running_mean), ("running_var", running_var)):
+            K.channel_vec(op, name, t, x, c, "input", cast=True)
+        if training:
+            if n * s <= 1:
+                raise ValueError(f"{op}: expected more than 1 value per channel when "
+                                 f"training, got input size {list(x.shape)}")
+            y, mean, var, inv = K.bn_train_forward(op, x, weight, bias, eps,
+                                                   names=("input", "weight", "bias"))
+            with torch.no_grad():
+                if running_mean is not None:
+                    running_mean.mul_(1.0 - momentum).add_(mean.to(running_mean.dtype),
+                                                           alpha=momentum)
+                if running_var is not None:
+                    m = n * s
+                    v = var * (m / (m - 1)) if unbiased else var
+                    running_var.mul_(1.0 - momentum).add_(v.to(running_var.dtype),
+                                                          alpha=momentum)
+        else:
+            if running_mean is None or running_var is None:
+                raise ValueError(f"{op}: running_mean and running_var are required when "
+                                 f"training is False")
+            K.channel_vec(op, "weight", weight, x, c, "input")
+            K.channel_vec(op, "bias", bias, x, c, "input")
+            inv = torch.rsqrt(running_var.double() + eps)
+            mean = running_mean.to(x.dtype)
+            a = inv * (weight.double() if weight is not None else 1.0)
+            b = (bias.double() if bias is not None else 0.0) - running_mean.double() * a
+            y = K.bn_apply(op, x, a.to(x.dtype), b.to(x.dtype))
+            inv = inv.to(x.dtype)
+        ctx.save_for_backward(x, weight, mean, inv)
+        ctx.training, ctx.has_bias = training, bias is not None
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        x, weight, mean, inv = ctx.saved_tensors
+        need_w = weight is not None and ctx.needs_input_grad[1]
+        need_b = ctx.has_bias and ctx.needs_input_grad[2]
+        dx, dw, db = K.bn_backward("batch_norm", dy, x, weight, mean, inv, ctx.training,
+                                   need_w, need_b,
+                                   names=("grad_output", "input", "weight", "mean", "inv_std"))
+        return dx, dw, db, None, None, None, None, None, None
+
+
+def batch_norm(input: torch.Tensor, running_mean: torch.Tensor | None,
+               running_var: torch.Tensor | None, weight: torch.Tensor | None = None,
+               bias: torch.Tensor | None = None, training: bool = False,
+               momentum: float = 0.1, eps: float = 1e-5, *,
+               unbiased_running_var: bool = True) -> torch.Tensor:
+    """Like ``torch.nn.functional.batch_norm``: in training, batch statistics are used and
+    the running ones updated in place, ``running = (1 - momentum)·running +
+    momentum·batch`` with the unbiased batch variance (torch). ORT's convention
+    (BatchNormInternal): ``momentum = 1 - ort_momentum`` and
+    ``unbiased_running_var=False``. Backward: ORT BatchNormalizationGrad."""
+    return _BatchNorm.apply(input, weight, bias, running_mean, running_var, bool(training),
+                            float(momentum), float(eps), bool(unbiased_running_var))

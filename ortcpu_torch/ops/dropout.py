@@ -1,0 +1,52 @@
+"""Autograd function for dropout (ORT Dropout / DropoutGrad). The mask's seed is drawn from
+torch's RNG (global, or ``generator``); the backward applies exactly the forward's mask."""
+
+from __future__ import annotations
+
+import torch
+
+from ..kernels import dropout as K
+from .activations import once_differentiable
+
+
+class _Dropout(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, p: float, seed: int, inplace: bool = False):
+        y, mask = K.dropout_forward("dropout", x.contiguous(), p, seed)
+        if inplace:
+            x.copy_(y)
+            ctx.mark_dirty(x)
+            y = x
+        ctx.save_for_backward(mask)
+        ctx.scale = 1.0 / (1.0 - p) if p < 1.0 else 0.0
+        ctx.mark_non_differentiable(mask)
+        return y, mask
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy, _dmask):
+        (mask,) = ctx.saved_tensors
+        dy = K.float_input("dropout", "grad_output", dy)
+        return K.dropout_backward("dropout", dy, mask, ctx.scale), None, None, None
+
+
+def dropout_with_mask(input: torch.Tensor, p: float = 0.5, training: bool = True,
+                      inplace: bool = False, *, generator: torch.Generator | None = None):
+    """(output, mask) of :func:`dropout`; mask is None when nothing is dropped."""
+    op = "dropout"
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+        raise ValueError(f"{op}: dropout probability has to be between 0 and 1, but got {p}")
+    K.float_input(op, "input", input)
+    if not training or p == 0.0:
+        return input, None
+    seed = K.draw_seed(generator)
+    return _Dropout.apply(input, float(p), seed, bool(inplace))
+
+
+def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False,
+            *, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Like ``torch.nn.functional.dropout`` (zeros with probability p, survivors scaled by
+    1/(1-p); identity when not training or p = 0; all zeros at p = 1; ``inplace`` writes
+    into ``input``). Randomness: a seed drawn from torch's RNG, so ``torch.manual_seed``
+    (or ``generator=``) reproduces masks; the backward applies the forward's mask."""
+    return dropout_with_mask(input, p, training, inplace, generator=generator)[0]

@@ -1,0 +1,103 @@
+"""Autograd function for softmax cross-entropy with ``torch.nn.functional.cross_entropy``'s
+signature (ORT SoftmaxCrossEntropyLoss(+Grad) semantics, plus label smoothing natively).
+
+The forward keeps only one number per sample (max + log Σ exp); the backward rebuilds the
+probabilities from the saved logits in one fused pass, so no [N, C] log-probabilities are
+written or read.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..kernels import loss as K
+from .activations import once_differentiable
+
+
+class _CrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, target, weight, ignore_index: int, reduction: str, smoothing: float,
+                unbatched: bool):
+        op = "cross_entropy"
+        dense = target.is_floating_point()
+        if dense:
+            lab = target
+            if weight is not None:
+                lab = lab * weight.view((-1,) + (1,) * (x.dim() - 2))
+            if smoothing:
+                c = x.shape[1]
+                lab = lab * (1.0 - smoothing) + smoothing / c * (
+                    weight.view((-1,) + (1,) * (x.dim() - 2)) if weight is not None else 1.0)
+            lab = lab.contiguous()
+            r = K.sce_forward(op, x, None, dense=lab, want_loss=reduction == "none",
+                              want_lse=True)
+            n, c, d, sshape = K.layout(op, x, 1)
+            wsum = float(n * d)
+            ctx.save_for_backward(x, lab, r["lse"])
+        else:
+            r = K.sce_forward(op, x, target, weight=weight, ignore_index=ignore_index,
+                              smoothing=smoothing, want_loss=reduction == "none",
+                              want_lse=True)
+            wsum = r["wsum"]
+            ctx.save_for_backward(x, target, r["lse"], weight)
+        ctx.dense, ctx.wsum, ctx.reduction, ctx.smoothing = dense, wsum, reduction, smoothing
+        ctx.ignore_index = ignore_index
+        if reduction == "none":
+            out = r["loss"]
+            return out.view(out.shape[1:]) if unbatched else out
+        total = r["total"]
+        if reduction == "mean":
+            # torch: 0/0 = NaN when every target is ignored (ORT's registry op returns 0)
+            total = total / wsum if wsum != 0 else float("nan")
+        return torch.tensor(total, dtype=x.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        op = "cross_entropy"
+        if ctx.reduction == "none":
+            dyt, g = dy.contiguous(), 1.0
+        else:
+            dyt, g = None, float(dy)
+            if ctx.reduction == "mean":
+                g = g / ctx.wsum if ctx.wsum != 0 else float("nan")
+        if ctx.dense:
+            x, lab, lse = ctx.saved_tensors
+            dx = K.sce_backward(op, x, None, shift=lse, dense=lab, dy=dyt, dy_scale=g)
+        else:
+            x, target, lse, weight = ctx.saved_tensors
+            dx = K.sce_backward(op, x, target, shift=lse, weight=weight, dy=dyt, dy_scale=g,
+                                ignore_index=ctx.ignore_index, smoothing=ctx.smoothing)
+        return dx, None, None, None, None, None, None
+
+
+def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None,
+                  ignore_index: int = -100, reduction: str = "mean",
+                  label_smoothing: float = 0.0) -> torch.Tensor:
+    """Like ``torch.nn.functional.cross_entropy`` (class-index or class-probability targets,
+    [C], [N, C] or [N, C, d1...] input, class weights, ignore_index, reductions, label
+    smoothing). The mean over an all-ignored batch is NaN, as in torch."""
+    op = "cross_entropy"
+    reduction = K._reduction(op, reduction)
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)) \
+            or not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"{op}: label_smoothing must be a float in [0, 1], got "
+                         f"{label_smoothing!r}")
+    x = K.float_input(op, "input", input)
+    unbatched = x.dim() == 1
+    if unbatched:
+        x = x.unsqueeze(0)
+        if isinstance(target, torch.Tensor):
+            target = target.unsqueeze(0)
+    n, c, d, sshape = K.layout(op, x, 1, "input")
+    w = K._class_weight(op, "weight", weight, x, c)
+    if isinstance(target, torch.Tensor) and target.is_floating_point():
+        t = K.float_input(op, "target", target)
+        K.same_dtype(op, "input", x, "target", t)
+        K.same_shape(op, "input", x, "target", t)
+    else:
+        ig = K._int_attr(op, "ignore_index", ignore_index)
+        t = K.labels_input(op, "target", target, sshape, c, ig)
+    out = _CrossEntropy.apply(x if not unbatched else x, t, w, int(ignore_index), reduction,
+                              float(label_smoothing), unbatched and reduction == "none")
+    return out
