@@ -67,14 +67,6 @@ def load_data(seed: int):
     return (x[n_test:], y[n_test:]), (x[:n_test], y[:n_test])
 
 
-def make_optimizer(params, lr):
-    # ortcpu_torch.optim (ORT's AdamW kernel) when this build has it, else torch's
-    optim = getattr(ortcpu_torch, "optim", None)
-    if optim is not None and hasattr(optim, "AdamW"):
-        return optim.AdamW(params, lr=lr)
-    return torch.optim.AdamW(params, lr=lr)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=("cnn", "mlp"), default="cnn")
@@ -100,7 +92,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
     model = CNN() if args.model == "cnn" else MLP()
     model = dist.DataParallel(model, bucket_mb=args.bucket_mb, overlap=not args.no_overlap)
-    opt = make_optimizer(model.parameters(), args.lr)
+    opt = ortcpu_torch.optim.AdamW(model.parameters(), lr=args.lr)  # ORT's AdamW kernel
     g = torch.Generator().manual_seed(args.seed)
     if rank == 0:
         print(f"digits {args.model}: {world} rank(s) x {args.threads} thread(s), global batch "

@@ -27,6 +27,10 @@ __all__ = ["DataParallel"]
 
 
 class _Bucket:
+    """Flat gradients of ``params`` followed by one "has a gradient" flag per parameter:
+    the same allreduce sums the flags, so a parameter no rank produced a gradient for
+    keeps ``.grad = None`` without an extra collective."""
+
     def __init__(self, params, dtype):
         self.params = params
         self.offsets = []
@@ -34,7 +38,9 @@ class _Bucket:
         for p in params:
             self.offsets.append(n)
             n += p.numel()
-        self.flat = torch.zeros(n, dtype=dtype)
+        self.flat = torch.zeros(n + len(params), dtype=dtype)
+        self.grads = self.flat[:n]
+        self.used = self.flat[n:]
         self.arr = self.flat.numpy()
         self.ready = 0
         self.filled = [False] * len(params)
@@ -182,6 +188,7 @@ class DataParallel(torch.nn.Module):
             b = self._buckets[bi]
             if not b.filled[i]:
                 b.slot(i).copy_(param.grad)
+                b.used[i] = 1
                 b.filled[i] = True
                 b.ready += 1
             if self.overlap:
@@ -231,11 +238,17 @@ class DataParallel(torch.nn.Module):
     def _finish(self):
         MPI = _mpi.mpi(required=True)
         self._queued = False
-        # parameters that got no gradient this time contribute zeros
+        # a parameter that got no gradient in this backward contributes its current .grad
+        # (identical on every rank: reduced before) or, without one, zeros and flag 0
         for b in self._buckets:
-            for i in range(len(b.params)):
+            for i, p in enumerate(b.params):
                 if not b.filled[i]:
-                    b.slot(i).zero_()
+                    if p.grad is None:
+                        b.slot(i).zero_()
+                        b.used[i] = 0
+                    else:
+                        b.slot(i).copy_(p.grad)
+                        b.used[i] = 1
                     b.filled[i] = True
                     b.ready += 1
         t0 = time.perf_counter()
@@ -253,8 +266,11 @@ class DataParallel(torch.nn.Module):
         self.stats["wait_s"] += time.perf_counter() - t0
         self.stats["backward_calls"] += 1
         for b in self._buckets:
-            b.flat.div_(self._world)
+            b.grads.div_(self._world)
+            used = b.used.tolist()
             for i, p in enumerate(b.params):
+                if not used[i]:  # no rank has a gradient for it: .grad stays None
+                    continue
                 avg = b.slot(i)
                 if p.grad is None:
                     p.grad = avg.to(p.dtype).clone()
