@@ -10,7 +10,7 @@ EXT_STAMP := $(VENV)/.ext-built
 NATIVE_SRC := $(wildcard native/include/*.h native/src/*.c native/src/*.h native/src/*.inc) \
               ortcpu_torch/_native/build.py setup.py
 
-.PHONY: all test demo bench bench-optim bench-summary bench-distributed build lint readme clean
+.PHONY: all test demo bench bench-optim bench-summary bench-rnn bench-distributed build lint readme clean
 
 all: test
 
@@ -36,7 +36,7 @@ test: $(EXT_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 demo: $(EXT_STAMP)
-	$(BIN)/python examples/digits_mlp.py
+	$(BIN)/python examples/main_job.py
 
 # make bench BENCH_ARGS="--quick gelu"
 bench: $(EXT_STAMP)
@@ -53,6 +53,10 @@ bench-summary: $(EXT_STAMP)
 # allreduce_ vs raw mpi4py, DataParallel scaling/overlap (benchmarks/results/distributed.md)
 bench-distributed: $(EXT_STAMP)
 	$(BIN)/python -m benchmarks.distributed $(BENCH_ARGS)
+
+# LSTM / GRU / Embedding vs torch (benchmarks/results/rnn_tensor.md)
+bench-rnn: $(EXT_STAMP)
+	$(BIN)/python -m benchmarks.rnn_tensor $(BENCH_ARGS)
 
 readme: $(EXT_STAMP)
 	$(BIN)/python tools/update_readme.py

@@ -2,6 +2,9 @@
 
 - ``ortcpu_torch.kernels``: the registry, keyed by ORT op name;
 - ``ortcpu_torch.ops`` / ``ortcpu_torch.nn``: autograd functions and torch.nn modules.
+
+One-line wrapping of an existing model and training loop: ``ortcpu_torch.wrap(model)``,
+``optimize(model, optimizer)``, ``unwrap``, ``report``, ``kernels_enabled``.
 """
 
 from . import kernels, nn, ops, optim  # noqa: E402  (after the extension is loaded)
@@ -28,3 +31,17 @@ __all__ = [
     "ops",
     "optim",
 ]
+
+# one-line wrapping (kept in a block of its own: other families add to the lists above)
+from ._wrap import (  # noqa: E402
+    FallbackError,
+    FallbackWarning,
+    kernels_enabled,
+    optimize,
+    report,
+    unwrap,
+    wrap,
+)
+
+__all__ += ["FallbackError", "FallbackWarning", "kernels_enabled", "optimize", "report",
+            "unwrap", "wrap"]

@@ -44,6 +44,13 @@ def summary_bench_table() -> str:
     return path.read_text().strip()
 
 
+def rnn_bench_table() -> str:
+    path = ROOT / "benchmarks" / "results" / "rnn_tensor.md"
+    if not path.exists():
+        return "_No results yet: run `make bench-rnn`._"
+    return path.read_text().strip()
+
+
 def replace_section(text: str, name: str, body: str) -> str:
     pattern = re.compile(rf"(<!-- BEGIN {name} -->\n)(?:.*?\n)?(<!-- END {name} -->)", re.S)
     if not pattern.search(text):
@@ -59,6 +66,8 @@ def main() -> None:
     text = replace_section(text, "benchmarks-optim", optim_bench_table())
     if "<!-- BEGIN summary-benchmarks -->" in text:
         text = replace_section(text, "summary-benchmarks", summary_bench_table())
+    if "<!-- BEGIN rnn-benchmarks -->" in text:
+        text = replace_section(text, "rnn-benchmarks", rnn_bench_table())
     readme.write_text(text)
     print(f"updated {readme}")
 

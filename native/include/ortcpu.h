@@ -90,6 +90,95 @@ int ortcpu_softmax_backward_f64(const double *dy, const double *y, double *dx,
                                 int64_t outer, int64_t dim, int64_t inner, int log_,
                                 int nthreads);
 
+/* ---- tensor ops (spec §9, §10.1) -------------------------------------------
+ * strided_copy: dst[i] = src[i] over an N-d index space `shape`, strides in
+ * elements (may be negative), any element size (Slice, SliceGrad, Split, Concat).
+ * check_indices: every idx in [-dim, dim), else INDEX_OUT_OF_RANGE and *bad_pos.
+ * gather_rows: x [outer, dim, inner], idx [n] (negative wraps) -> y [outer, n, inner].
+ * scatter_add_rows: dx [outer, dim, inner] = 0, then dx[o, idx[j], :] += dy[o, j, :];
+ *   indices are all checked before anything is written.
+ * sum_axis: x [outer, dim, inner] -> y [outer, inner].                       */
+int ortcpu_strided_copy(const void *src, void *dst, int ndim, const int64_t *shape,
+                        const int64_t *src_strides, const int64_t *dst_strides,
+                        int64_t elem_size, int nthreads);
+int ortcpu_check_indices(const int64_t *idx, int64_t n, int64_t dim, int64_t *bad_pos);
+int ortcpu_gather_rows_f32(const float *x, const int64_t *idx, float *y, int64_t outer,
+                           int64_t dim, int64_t n, int64_t inner, int nthreads);
+int ortcpu_gather_rows_f64(const double *x, const int64_t *idx, double *y, int64_t outer,
+                           int64_t dim, int64_t n, int64_t inner, int nthreads);
+int ortcpu_scatter_add_rows_f32(const float *dy, const int64_t *idx, float *dx, int64_t outer,
+                                int64_t dim, int64_t n, int64_t inner, int nthreads);
+int ortcpu_scatter_add_rows_f64(const double *dy, const int64_t *idx, double *dx,
+                                int64_t outer, int64_t dim, int64_t n, int64_t inner,
+                                int nthreads);
+int ortcpu_sum_axis_f32(const float *x, float *y, int64_t outer, int64_t dim, int64_t inner,
+                        int nthreads);
+int ortcpu_sum_axis_f64(const double *x, double *y, int64_t outer, int64_t dim, int64_t inner,
+                        int nthreads);
+
+/* ---- fake quantization (spec §14) ---------------------------------------------
+ * q = trunc(nearbyint(x/scale) + zero_point); y = (clamp(q, qmin, qmax) - zp)*scale;
+ * mask = qmin <= q <= qmax (bytes 0/1). Grad: dx = mask ? dy : 0.               */
+int ortcpu_fake_quant_f32(const float *x, float *y, uint8_t *mask, int64_t n, double scale,
+                          double zero_point, int64_t quant_min, int64_t quant_max,
+                          int nthreads);
+int ortcpu_fake_quant_f64(const double *x, double *y, uint8_t *mask, int64_t n, double scale,
+                          double zero_point, int64_t quant_min, int64_t quant_max,
+                          int nthreads);
+int ortcpu_fake_quant_grad_f32(const float *dy, const uint8_t *mask, float *dx, int64_t n,
+                               int nthreads);
+int ortcpu_fake_quant_grad_f64(const double *dy, const uint8_t *mask, double *dx, int64_t n,
+                               int nthreads);
+
+/* ---- RNN (spec §8): one direction per call, ORT layouts without the direction
+ * axis. LSTM: W [4H,I], R [4H,H], bias [8H] (may be NULL), peep [3H] (NULL), gate
+ * order [i,o,f,c]; outputs HAll/CAll [S,B,H], iofc [S,B,4H]. GRU: W [3H,I],
+ * R [3H,H], bias [6H], order [z,r,h]; outputs HAll [S,B,H], ZRH [S,B,3H].
+ * h0/c0 [B,H] may be NULL (zeros); reverse = 1 runs time backwards.
+ * Backward: dhall/dhfinal/dcfinal may be NULL (zero); every output may be NULL. */
+int ortcpu_lstm_forward_f32(const float *x, const float *w, const float *r, const float *bias,
+                            const float *peep, const float *h0, const float *c0, float *hall,
+                            float *call, float *iofc, int64_t S, int64_t B, int64_t I,
+                            int64_t H, int reverse, int nthreads);
+int ortcpu_lstm_forward_f64(const double *x, const double *w, const double *r,
+                            const double *bias, const double *peep, const double *h0,
+                            const double *c0, double *hall, double *call, double *iofc,
+                            int64_t S, int64_t B, int64_t I, int64_t H, int reverse,
+                            int nthreads);
+int ortcpu_lstm_backward_f32(const float *x, const float *w, const float *r, const float *peep,
+                             const float *h0, const float *c0, const float *hall,
+                             const float *call, const float *iofc, const float *dhall,
+                             const float *dhfinal, const float *dcfinal, float *dx, float *dw,
+                             float *dr, float *db, float *dh0, float *dc0, float *dp,
+                             int64_t S, int64_t B, int64_t I, int64_t H, int reverse,
+                             int nthreads);
+int ortcpu_lstm_backward_f64(const double *x, const double *w, const double *r,
+                             const double *peep, const double *h0, const double *c0,
+                             const double *hall, const double *call, const double *iofc,
+                             const double *dhall, const double *dhfinal, const double *dcfinal,
+                             double *dx, double *dw, double *dr, double *db, double *dh0,
+                             double *dc0, double *dp, int64_t S, int64_t B, int64_t I,
+                             int64_t H, int reverse, int nthreads);
+int ortcpu_gru_forward_f32(const float *x, const float *w, const float *r, const float *bias,
+                           const float *h0, float *hall, float *zrh, int64_t S, int64_t B,
+                           int64_t I, int64_t H, int linear_before_reset, int reverse,
+                           int nthreads);
+int ortcpu_gru_forward_f64(const double *x, const double *w, const double *r,
+                           const double *bias, const double *h0, double *hall, double *zrh,
+                           int64_t S, int64_t B, int64_t I, int64_t H,
+                           int linear_before_reset, int reverse, int nthreads);
+int ortcpu_gru_backward_f32(const float *x, const float *w, const float *r, const float *bias,
+                            const float *h0, const float *hall, const float *zrh,
+                            const float *dhall, const float *dhfinal, float *dx, float *dw,
+                            float *dr, float *db, float *dh0, int64_t S, int64_t B, int64_t I,
+                            int64_t H, int linear_before_reset, int reverse, int nthreads);
+int ortcpu_gru_backward_f64(const double *x, const double *w, const double *r,
+                            const double *bias, const double *h0, const double *hall,
+                            const double *zrh, const double *dhall, const double *dhfinal,
+                            double *dx, double *dw, double *dr, double *db, double *dh0,
+                            int64_t S, int64_t B, int64_t I, int64_t H,
+                            int linear_before_reset, int reverse, int nthreads);
+
 /* ---- optimizers (spec §12) -------------------------------------------------
  * Multi-tensor: one call updates a whole parameter group, given as arrays of
  * `ntensors` pointers and element counts (`sizes`). Work is split over the
@@ -328,5 +417,78 @@ int ortcpu_gemm_f32(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, f
 int ortcpu_gemm_f64(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, double alpha,
                     const double *a, int64_t lda, const double *b, int64_t ldb, double beta,
                     double *c, int64_t ldc);
+
+/* ---- convolution (spec §6.1), conv.c --------------------------------------
+ * geom[22]: N, C, M, group, in[3], kernel[3], out[3], strides[3], pads_begin[3],
+ * dilations[3] (1-D/2-D as 3-D with leading sizes 1). x [N,C,in], w [M,C/group,kernel],
+ * b [M] or NULL, y [N,M,out]. Backward: any of dx, dw, db may be NULL.          */
+int ortcpu_conv_forward_f32(const float *x, const float *w, const float *b, float *y,
+                            const int64_t *geom, int nthreads);
+int ortcpu_conv_forward_f64(const double *x, const double *w, const double *b, double *y,
+                            const int64_t *geom, int nthreads);
+int ortcpu_conv_backward_f32(const float *dy, const float *x, const float *w, float *dx,
+                             float *dw, float *db, const int64_t *geom, int nthreads);
+int ortcpu_conv_backward_f64(const double *dy, const double *x, const double *w, double *dx,
+                             double *dw, double *db, const int64_t *geom, int nthreads);
+
+/* ---- pooling (spec §6.2, §6.3), pool.c --------------------------------------
+ * geom[22]: planes (N*C), in[3], kernel[3], out[3], strides[3], pads_begin[3],
+ * pads_end[3], dilations[3]. idx (may be NULL): flat offsets into the whole input.
+ * divisor > 0 overrides the average's window count; count_include_pad 1 counts the window
+ * clipped to the padded input (torch), 2 the whole kernel (ORT). Global: op 0 avg, 1 max. */
+int ortcpu_maxpool_forward_f32(const float *x, float *y, int64_t *idx, const int64_t *geom,
+                               int nthreads);
+int ortcpu_maxpool_forward_f64(const double *x, double *y, int64_t *idx, const int64_t *geom,
+                               int nthreads);
+int ortcpu_maxpool_backward_f32(const float *dy, const int64_t *idx, float *dx, int64_t ny,
+                                int64_t nx, int64_t planes, int nthreads);
+int ortcpu_maxpool_backward_f64(const double *dy, const int64_t *idx, double *dx, int64_t ny,
+                                int64_t nx, int64_t planes, int nthreads);
+/* 2x2 stride-2 unpadded max pool keeping a 1-byte argmax code (row*2+col) per window
+ * instead of Indices; the backward writes all of dx (ops front end fast path). */
+int ortcpu_maxpool2x2_forward_f32(const float *x, float *y, uint8_t *code, const int64_t *geom,
+                                  int nthreads);
+int ortcpu_maxpool2x2_forward_f64(const double *x, double *y, uint8_t *code,
+                                  const int64_t *geom, int nthreads);
+int ortcpu_maxpool2x2_backward_f32(const float *dy, const uint8_t *code, float *dx,
+                                   const int64_t *geom, int nthreads);
+int ortcpu_maxpool2x2_backward_f64(const double *dy, const uint8_t *code, double *dx,
+                                   const int64_t *geom, int nthreads);
+int ortcpu_avgpool_forward_f32(const float *x, float *y, const int64_t *geom,
+                               int count_include_pad, int64_t divisor, int nthreads);
+int ortcpu_avgpool_forward_f64(const double *x, double *y, const int64_t *geom,
+                               int count_include_pad, int64_t divisor, int nthreads);
+int ortcpu_avgpool_backward_f32(const float *dy, float *dx, const int64_t *geom,
+                                int count_include_pad, int64_t divisor, int nthreads);
+int ortcpu_avgpool_backward_f64(const double *dy, double *dx, const int64_t *geom,
+                                int count_include_pad, int64_t divisor, int nthreads);
+int ortcpu_global_pool_forward_f32(const float *x, float *y, int64_t planes, int64_t size,
+                                   int op, int nthreads);
+int ortcpu_global_pool_forward_f64(const double *x, double *y, int64_t planes, int64_t size,
+                                   int op, int nthreads);
+int ortcpu_global_pool_backward_f32(const float *dy, const float *x, float *dx,
+                                    int64_t planes, int64_t size, int op, int nthreads);
+int ortcpu_global_pool_backward_f64(const double *dy, const double *x, double *dx,
+                                    int64_t planes, int64_t size, int op, int nthreads);
+
+/* ---- MatMul / Gemm, gemm.c ----------------------------------------------------
+ * Thread decision: OpenBLAS is pinned to 1 thread at load (ortcpu_blas_set_num_threads);
+ * parallel GEMM = OpenMP threads each running single-threaded OpenBLAS on a slab.
+ * gemm_mt: as ortcpu_gemm_* with nthreads. matmul: c[i] (m x n) = a[a_off[i]] (m x k)
+ * . b[b_off[i]] (k x n), offsets in elements, checked against a_len / b_len.      */
+void ortcpu_blas_set_num_threads(int n);
+int ortcpu_blas_get_num_threads(void);
+int ortcpu_gemm_mt_f32(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                       const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                       float *c, int64_t ldc, int nthreads);
+int ortcpu_gemm_mt_f64(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                       double alpha, const double *a, int64_t lda, const double *b,
+                       int64_t ldb, double beta, double *c, int64_t ldc, int nthreads);
+int ortcpu_matmul_f32(const float *a, const float *b, float *c, int64_t batch,
+                      const int64_t *a_off, const int64_t *b_off, int64_t m, int64_t n,
+                      int64_t k, int64_t a_len, int64_t b_len, int nthreads);
+int ortcpu_matmul_f64(const double *a, const double *b, double *c, int64_t batch,
+                      const int64_t *a_off, const int64_t *b_off, int64_t m, int64_t n,
+                      int64_t k, int64_t a_len, int64_t b_len, int nthreads);
 
 #endif

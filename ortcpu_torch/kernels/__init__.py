@@ -10,12 +10,18 @@ from . import (  # noqa: F401  (each module registers its ops)
     activations,
     batchnorm,
     comm,
+    conv,
     dropout,
+    gemm,
     grad_control,
     loss,
     norm,
     optim,
+    pool,
+    quant,
+    rnn,
     summary,
+    tensor,
 )
 from ._registry import _OPS, get, names, register
 

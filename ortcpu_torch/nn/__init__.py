@@ -1,6 +1,7 @@
 """``torch.nn``-compatible modules backed by ortcpu_torch kernels."""
 
 from .activations import GELU, LeakyReLU, LogSoftmax, Softmax
+from .conv import Conv1d, Conv2d, Conv3d
 from .norm import (
     BatchNorm1d,
     BatchNorm2d,
@@ -10,6 +11,22 @@ from .norm import (
     LayerNorm,
     RMSNorm,
 )
+from .pool import (
+    AdaptiveAvgPool2d,
+    AvgPool1d,
+    AvgPool2d,
+    AvgPool3d,
+    MaxPool1d,
+    MaxPool2d,
+    MaxPool3d,
+)
+from .quant import FakeQuantize
+from .rnn import GRU, LSTM
+from .tensor import Embedding
 
-__all__ = ["GELU", "LeakyReLU", "Softmax", "LogSoftmax", "LayerNorm", "RMSNorm", "BatchNorm1d",
-           "BatchNorm2d", "BatchNorm3d", "CrossEntropyLoss", "Dropout"]
+__all__ = ["GELU", "LeakyReLU", "Softmax", "LogSoftmax"]
+__all__ += ["LayerNorm", "RMSNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d",
+            "CrossEntropyLoss", "Dropout"]
+__all__ += ["Conv1d", "Conv2d", "Conv3d", "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d",
+            "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool2d"]
+__all__ += ["Embedding", "FakeQuantize", "LSTM", "GRU"]

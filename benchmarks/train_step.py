@@ -1,0 +1,381 @@
+"""Full training step, wrapped vs torch eager: zero_grad + forward + backward + optimizer step.
+
+    python -m benchmarks.train_step [--quick] [--threads 2] [--profile] [--wait-quiet S] [case ...]
+
+Each case builds one model twice from the same seed. ``torch``: the plain model with
+``torch.optim.AdamW(fused=True)``. ``ours``: the same model and optimizer passed through
+``ortcpu_torch.optimize(model, optimizer)`` -- the one line a user adds -- which swaps the
+supported modules, routes supported functionals while the model runs and replaces the
+optimizer by ``ortcpu_torch.optim.AdamW`` when that exists (otherwise torch's fused AdamW
+stays, and the report says so). Steps alternate between the two sides, in several rounds
+spread over the run, so machine noise hits both alike; each time is the median step.
+ratio = torch ms / ours ms (> 1: ours is faster).
+
+Cases:
+- ``transformer``: the issue's GPT-style language model: vocab 1000, d_model 256, 4 heads,
+  ff 1024, seq 128, batch 16 (2 blocks; pre-norm, nn.Embedding, nn.LayerNorm, a causal
+  self-attention written with ``torch.softmax`` as minGPT does, nn.GELU MLP, nn.Dropout(0),
+  F.cross_entropy loss). Dropout is 0 so both sides do the same arithmetic.
+- ``cnn``: MNIST-sized CNN, 2 conv + 2 fc (GELU, MaxPool2d, Dropout(0)), batch 64.
+- ``lstm``: LSTM(28, 128) classifier reading 28x28 images row by row, batch 64.
+
+``--profile`` adds torch.profiler's top operators (self CPU time) of one ours step: where
+the remaining time goes. Writes ``benchmarks/results/train_step.{json,md}`` (``--quick``
+or a case filter: ``train_step_partial.{json,md}``, not committed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import math
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import ortcpu_torch
+
+from ._util import (
+    RESULTS,
+    ForeignLoad,
+    machine_info,
+    openmp_runtimes,
+    quantiles,
+    set_threads,
+    wait_quiet,
+)
+
+NOISY_SHARE = 0.05
+TARGETS = {"transformer": 1.25, "cnn": 1.15, "lstm": 1.1}  # issue 8, 2 threads
+
+
+# ---- models ---------------------------------------------------------------------------
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int, ff: int, dropout: float):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, ff)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(ff, d)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x, mask):
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=-1)
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // self.heads))
+        att = torch.softmax(att.masked_fill(mask, float("-inf")), dim=-1)
+        y = (self.drop(att) @ v).transpose(1, 2).reshape(B, T, C)
+        x = x + self.drop(self.proj(y))
+        return x + self.drop(self.fc2(self.act(self.fc1(self.ln2(x)))))
+
+
+class TinyGPT(nn.Module):
+    def __init__(self, vocab=1000, d=256, heads=4, ff=1024, seq=128, layers=2, dropout=0.0):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(seq, d)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(Block(d, heads, ff, dropout) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.register_buffer("mask", torch.ones(seq, seq, dtype=torch.bool).triu(1),
+                             persistent=False)
+
+    def forward(self, idx):
+        T = idx.shape[1]
+        x = self.drop(self.tok(idx) + self.pos(torch.arange(T)))
+        for b in self.blocks:
+            x = b(x, self.mask[:T, :T])
+        return self.head(self.ln_f(x))
+
+
+def _transformer():
+    gen = torch.Generator().manual_seed(0)
+    model = TinyGPT()
+    idx = torch.randint(0, 1000, (16, 128), generator=gen)
+    tgt = torch.randint(0, 1000, (16, 128), generator=gen)
+
+    def loss_fn(m):
+        return F.cross_entropy(m(idx).flatten(0, 1), tgt.flatten())
+
+    return model, loss_fn
+
+
+class MnistCNN(nn.Module):
+    """2 conv + 2 fc on 1x28x28 (the issue's MNIST-sized CNN)."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 32, 3, padding=1), nn.GELU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1), nn.GELU(), nn.MaxPool2d(2))
+        self.classifier = nn.Sequential(
+            nn.Flatten(), nn.Linear(64 * 7 * 7, 128), nn.GELU(), nn.Dropout(0.0),
+            nn.Linear(128, 10))
+
+    def forward(self, x):
+        return self.classifier(self.features(x))
+
+
+class LSTMClassifier(nn.Module):
+    """An LSTM reading each 28x28 image row by row, last hidden state -> 10 classes."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(28, 128, batch_first=True)
+        self.fc = nn.Linear(128, 10)
+
+    def forward(self, x):
+        out, _ = self.lstm(x)
+        return self.fc(out[:, -1])
+
+
+def _images(model, shape):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(*shape, generator=gen)
+    y = torch.randint(0, 10, (shape[0],), generator=gen)
+
+    def loss_fn(m):
+        return F.cross_entropy(m(x), y)
+
+    return model, loss_fn
+
+
+@dataclass
+class Case:
+    name: str
+    make: Callable  # () -> (model, loss_fn(model) -> loss)
+    shape: str
+
+
+CASES = [
+    Case("transformer", _transformer,
+         "vocab 1000, d 256, 4 heads, ff 1024, seq 128, batch 16, 2 blocks"),
+    Case("cnn", lambda: _images(MnistCNN(), (64, 1, 28, 28)),
+         "conv 1-32-64 (3x3, GELU, maxpool 2), fc 3136-128-10, batch 64, 1x28x28"),
+    Case("lstm", lambda: _images(LSTMClassifier(), (64, 28, 28)),
+         "LSTM(28, 128) over 28 rows, fc 128-10, batch 64"),
+]
+
+
+# ---- timing ---------------------------------------------------------------------------
+
+
+class Side:
+    def __init__(self, model, loss_fn, optimizer):
+        self.model, self.loss_fn, self.opt = model, loss_fn, optimizer
+        self.ms: list[float] = []
+        self.losses: list[float] = []
+
+    def step(self) -> float:
+        t0 = time.perf_counter()
+        self.opt.zero_grad(set_to_none=True)
+        loss = self.loss_fn(self.model)
+        loss.backward()
+        self.opt.step()
+        t1 = time.perf_counter()
+        self.losses.append(loss.item())
+        return (t1 - t0) * 1e3
+
+
+def build(case: Case) -> dict[str, Side]:
+    torch.manual_seed(0)
+    model, loss_fn = case.make()
+    ours_model = copy.deepcopy(model)
+    opt_t = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    opt_o = torch.optim.AdamW(ours_model.parameters(), lr=1e-3, fused=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ortcpu_torch.FallbackWarning)
+        ours_model, opt_o = ortcpu_torch.optimize(ours_model, opt_o)
+    return {"torch": Side(model, loss_fn, opt_t), "ours": Side(ours_model, loss_fn, opt_o)}
+
+
+def measure(sides: dict[str, Side], rounds: int, reps: int, warmup: int) -> None:
+    for _ in range(warmup):
+        for s in sides.values():
+            s.step()
+    for s in sides.values():
+        s.losses.clear()
+    for r in range(rounds):
+        gc.collect()
+        gc.disable()
+        try:
+            for i in range(reps):
+                for k in (("ours", "torch") if (r * reps + i) % 2 == 0 else ("torch", "ours")):
+                    sides[k].ms.append(sides[k].step())
+        finally:
+            gc.enable()
+
+
+def profile_ours(side: Side, top: int = 15) -> list[dict]:
+    from torch.profiler import ProfilerActivity, profile
+
+    side.step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        side.step()
+    rows = []
+    total = sum(e.self_cpu_time_total for e in prof.key_averages())
+    for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top]:
+        rows.append({"op": e.key, "calls": e.count,
+                     "self_ms": round(e.self_cpu_time_total / 1e3, 3),
+                     "share": round(e.self_cpu_time_total / total, 3) if total else 0.0})
+    return rows
+
+
+def run_case(case: Case, threads: int, rounds: int, reps: int, warmup: int,
+             want_profile: bool) -> dict:
+    set_threads(threads)
+    sides = build(case)
+    measure(sides, rounds, reps, warmup)
+    q = {k: quantiles(s.ms) for k, s in sides.items()}
+    pair = [t / o for o, t in zip(sides["ours"].ms, sides["torch"].ms, strict=True)]
+    lt, lo = sides["torch"].losses, sides["ours"].losses
+    rep = ortcpu_torch.report(sides["ours"].model, file=None)
+    row = {
+        "case": case.name,
+        "shape": case.shape,
+        "threads": threads,
+        "ours_ms": round(q["ours"]["median"], 2),
+        "torch_ms": round(q["torch"]["median"], 2),
+        "ratio": round(q["torch"]["median"] / q["ours"]["median"], 3),
+        "ours_iqr_ms": [round(q["ours"]["p25"], 2), round(q["ours"]["p75"], 2)],
+        "torch_iqr_ms": [round(q["torch"]["p25"], 2), round(q["torch"]["p75"], 2)],
+        "pair_ratio_median": round(quantiles(pair)["median"], 3),
+        "steps": len(pair),
+        "max_loss_diff": max(abs(a - b) for a, b in zip(lt, lo, strict=True)),
+        "on_our_kernels": [f"{m['name']} ({m['type']})" for m in rep.modules]
+        + [f["name"] for f in rep.functionals if f["calls_ours"]],
+        "on_torch": sorted({f"{d['type']}: {d['reason']}" for d in rep.skipped}
+                           | {f"{k} x{v}" for k, v in rep.torch_only.items()}
+                           | {f"{f['name']}: {next(iter(f['reasons']))}"
+                              for f in rep.functionals if f["calls_torch"]}),
+        "optimizer": rep.optimizer,
+    }
+    if want_profile:
+        row["profile_ours"] = profile_ours(sides["ours"])
+    return row
+
+
+# ---- reporting ------------------------------------------------------------------------
+
+
+def _line(r: dict) -> str:
+    return (f"{r['case']:<12} {r['threads']:>3}  {r['ours_ms']:>9.1f}  {r['torch_ms']:>9.1f}  "
+            f"{r['ratio']:>6.2f}x  (pairwise {r['pair_ratio_median']:.2f}x, "
+            f"{r['steps']} steps, max |loss diff| {r['max_loss_diff']:.1e})")
+
+
+def markdown(result: dict) -> str:
+    m = result["machine"]
+    fl = m["foreign_load"]
+    lines = [
+        "<!-- generated by `python -m benchmarks.train_step`; do not edit by hand -->",
+        "Full training step (zero_grad + forward + backward + optimizer step), float32: "
+        "`ortcpu_torch.optimize(model, AdamW(fused=True))` vs torch eager + "
+        f"`AdamW(fused=True)`; median of {result['rounds'] * result['reps']} alternating "
+        f"steps per side after {result['warmup']} warm-up steps; {m['cpu']}, {m['cpus']} "
+        f"CPUs, torch {m['torch']}, commit {m['commit'] or '?'}, {m['date']}. Other "
+        f"processes used {100 * fl['foreign_share']:.0f}% of the machine's CPU time"
+        + (" — **busy machine: unreliable**." if fl["foreign_share"] > NOISY_SHARE else "."),
+        "",
+        "| case | threads | ours ms | torch ms | torch/ours | target |",
+        "|---|--:|--:|--:|--:|--:|",
+    ]
+    for r in result["rows"]:
+        t = TARGETS.get(r["case"])
+        lines.append(f"| {r['case']} | {r['threads']} | {r['ours_ms']:.1f} | "
+                     f"{r['torch_ms']:.1f} | {r['ratio']:.2f}x | "
+                     f"{f'≥ {t}x' if t and r['threads'] == 2 else ''} |")
+    lines.append("")
+    for r in result["rows"]:
+        lines.append(f"- {r['case']} ({r['shape']}), {r['threads']} thr: on our kernels: "
+                     f"{', '.join(r['on_our_kernels']) or 'nothing'}; on torch: "
+                     f"{'; '.join(r['on_torch']) or 'nothing'}; optimizer: {r['optimizer']}.")
+        if r.get("profile_ours"):
+            top = ", ".join(f"{p['op']} {100 * p['share']:.0f}%" for p in r["profile_ours"][:8])
+            lines.append(f"  - ours, top self-CPU ops: {top}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.train_step",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="fewer steps")
+    p.add_argument("--threads", type=int, nargs="+", default=[2])
+    p.add_argument("--profile", action="store_true", help="top ops of one ours step")
+    p.add_argument("--wait-quiet", type=float, default=0, metavar="SECONDS",
+                   help="first wait (at most SECONDS) until the machine is idle")
+    p.add_argument("cases", nargs="*", help="run cases whose name contains any of these")
+    args = p.parse_args(argv)
+    sel = [c for c in CASES if not args.cases or any(f in c.name for f in args.cases)]
+    if not sel:
+        raise SystemExit(f"no case matches {args.cases}; cases: "
+                         + ", ".join(c.name for c in CASES))
+    rounds, reps, warmup = (2, 4, 2) if args.quick else (4, 5, 3)
+
+    if args.wait_quiet > 0 and not wait_quiet(args.wait_quiet):
+        print(f"warning: the machine did not go idle within {args.wait_quiet:.0f} s",
+              file=sys.stderr)
+    load = ForeignLoad()
+    machine = machine_info()
+    print(f"{machine['cpu']}, {machine['cpus']} CPUs, torch {machine['torch']}, "
+          f"OpenMP runtimes mapped: {', '.join(openmp_runtimes())}")
+    print(f"{rounds} rounds of {reps} alternating steps per side after {warmup} warm-up\n")
+    print(f"{'case':<12} {'thr':>3}  {'ours ms':>9}  {'torch ms':>9}  {'ratio':>7}")
+    rows = []
+    for case in sel:
+        for n in args.threads:
+            row = run_case(case, n, rounds, reps, warmup, args.profile)
+            rows.append(row)
+            print(_line(row), flush=True)
+    machine["loadavg_end"] = [round(v, 2) for v in os.getloadavg()]
+    machine["foreign_load"] = load.report()
+    result = {"machine": machine, "rounds": rounds, "reps": reps, "warmup": warmup,
+              "rows": rows}
+    for r in rows:
+        print(f"\n{r['case']} ({r['threads']} thr): on our kernels: "
+              f"{', '.join(r['on_our_kernels']) or 'nothing'}")
+        print(f"  on torch: {'; '.join(r['on_torch']) or 'nothing'}")
+        print(f"  optimizer: {r['optimizer']}")
+        for prow in r.get("profile_ours", []):
+            print(f"    {prow['op']:<40} {prow['calls']:>5} calls {prow['self_ms']:>9.2f} ms "
+                  f"{100 * prow['share']:>5.1f}%")
+    fl = machine["foreign_load"]
+    print(f"\nother processes used {100 * fl['foreign_share']:.1f}% of the machine's CPU time "
+          f"during the run ({fl['foreign_cpu_s']} CPU-s in {fl['wall_s']} s)")
+    if fl["foreign_share"] > NOISY_SHARE:
+        print("WARNING: the machine was busy; the numbers are unreliable", file=sys.stderr)
+    for r in rows:
+        t = TARGETS.get(r["case"])
+        if t and r["threads"] == 2:
+            print(f"target {r['case']}: {r['ratio']:.2f}x (need {t}x): "
+                  f"{'met' if r['ratio'] >= t else 'NOT MET'}")
+    stem = "train_step" if not args.quick and not args.cases else "train_step_partial"
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, stem + ".json"), "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    with open(os.path.join(RESULTS, stem + ".md"), "w") as f:
+        f.write(markdown(result))
+    print(f"\nwrote benchmarks/results/{stem}.json and {stem}.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Convolution kernels (spec §6.1): ONNX ``Conv`` and com.microsoft ``ConvGrad``,
+1/2/3-D, strides, asymmetric pads, dilations, groups (depthwise included), ``auto_pad``
+honoured (ORT 1.19.2's ConvGrad ignores it; we do not). float32 and float64.
+
+Lowering: im2col / col2im in C and GEMMs on OpenBLAS (single-threaded OpenBLAS, the batch
+split over our OpenMP threads; see ``kernels/gemm.py`` for the thread decision).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._native import empty, native_fn, ptr
+from ._checks import (
+    check_status,
+    float_input,
+    fmt_shape,
+    get_num_threads,
+    same_dtype,
+    select_outputs,
+)
+from ._registry import register
+from ._spatial import auto_pad_attr, int_attr, int_list, pad3, resolve_pads, spatial_rank
+
+
+def conv_geometry(op: str, X: torch.Tensor, W: torch.Tensor, auto_pad="NOTSET",
+                  dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+    """Validate Conv attributes against X [N,C,in...] and W [M,C/group,k...];
+    returns (geom list for the native code, output shape)."""
+    r = spatial_rank(op, "X", X)
+    if W.dim() != X.dim():
+        raise ValueError(
+            f"{op}: W must have rank {X.dim()} ([M, C/group, kernel...]), got shape {fmt_shape(W)}"
+        )
+    group = int_attr(op, "group", group)
+    if group < 1:
+        raise ValueError(f"{op}: group must be >= 1, got {group}")
+    n, c = X.shape[0], X.shape[1]
+    m = W.shape[0]
+    if c % group:
+        raise ValueError(f"{op}: input channels {c} must be divisible by group={group}")
+    if m < 1 or m % group:
+        raise ValueError(f"{op}: output channels W.shape[0]={m} must be a positive multiple "
+                         f"of group={group}")
+    if W.shape[1] != c // group:
+        raise ValueError(f"{op}: W.shape[1] must be C/group = {c // group}, got shape "
+                         f"{fmt_shape(W)}")
+    k = list(W.shape[2:])
+    if any(v < 1 for v in k):
+        raise ValueError(f"{op}: kernel sizes must be >= 1, got W shape {fmt_shape(W)}")
+    if kernel_shape is not None:
+        ks = int_list(op, "kernel_shape", kernel_shape, r, 1, 1)
+        if ks != k:
+            raise ValueError(f"{op}: kernel_shape {ks} does not match W's kernel {k}")
+    s = int_list(op, "strides", strides, r, 1, 1)
+    d = int_list(op, "dilations", dilations, r, 1, 1)
+    ap = auto_pad_attr(op, auto_pad)
+    ins = list(X.shape[2:])
+    pb, _, out = resolve_pads(op, ap, pads, ins, k, s, d)
+    geom = [n, c, m, group, *pad3(ins, 1), *pad3(k, 1), *pad3(out, 1), *pad3(s, 1),
+            *pad3(pb, 0), *pad3(d, 1)]
+    return geom, (n, m, *out)
+
+
+def conv_forward(op, X, W, B=None, **attrs):
+    X = float_input(op, "X", X)
+    W = float_input(op, "W", W)
+    same_dtype(op, "X", X, "W", W)
+    if B is not None:
+        B = float_input(op, "B", B)
+        same_dtype(op, "X", X, "B", B)
+        if B.dim() != 1 or B.shape[0] != W.shape[0]:
+            raise ValueError(f"{op}: B must be 1-D with W.shape[0]={W.shape[0]} elements, "
+                             f"got shape {fmt_shape(B)}")
+    geom, out_shape = conv_geometry(op, X, W, **attrs)
+    Y = empty(out_shape, X.dtype)
+    st = native_fn("conv_forward", X.dtype)(ptr(X), ptr(W), ptr(B), ptr(Y), geom,
+                                            get_num_threads())
+    check_status(st, op)
+    return Y
+
+
+def conv_backward(op, dY, X, W, need=(True, True, True), **attrs):
+    X = float_input(op, "X", X)
+    W = float_input(op, "W", W)
+    dY = float_input(op, "dY", dY)
+    same_dtype(op, "X", X, "W", W)
+    same_dtype(op, "X", X, "dY", dY)
+    geom, out_shape = conv_geometry(op, X, W, **attrs)
+    if tuple(dY.shape) != tuple(out_shape):
+        raise ValueError(f"{op}: dY must have the Conv output shape {out_shape}, got "
+                         f"{fmt_shape(dY)}")
+    dX = empty(X.shape, X.dtype) if need[0] else None
+    dW = empty(W.shape, X.dtype) if need[1] else None
+    dB = empty((W.shape[0],), X.dtype) if need[2] else None
+    if dX is None and dW is None and dB is None:
+        return None, None, None
+    st = native_fn("conv_backward", X.dtype)(ptr(dY), ptr(X), ptr(W), ptr(dX), ptr(dW),
+                                             ptr(dB), geom, get_num_threads())
+    check_status(st, op)
+    return dX, dW, dB
+
+
+@register
+def Conv(X, W, B=None, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+         pads=None, strides=None):
+    """ONNX Conv (1/2/3-D; groups, dilations, asymmetric pads, auto_pad). Inputs: X, W,
+    optional B. Output: Y."""
+    return conv_forward("Conv", X, W, B, auto_pad=auto_pad, dilations=dilations, group=group,
+                        kernel_shape=kernel_shape, pads=pads, strides=strides)
+
+
+@register
+def ConvGrad(dY, X, W, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+             pads=None, strides=None, needs=None):
+    """com.microsoft ConvGrad: dX, dW, dB of Conv (each optional via ``needs``); auto_pad
+    is honoured. Inputs: dY, X, W. Outputs: dX, dW, dB."""
+    need = (True, True, True) if needs is None else tuple(bool(v) for v in needs)
+    if len(need) != 3:
+        raise ValueError(f"ConvGrad: needs must have 3 entries, got {len(need)}")
+    out = conv_backward("ConvGrad", dY, X, W, need, auto_pad=auto_pad, dilations=dilations,
+                        group=group, kernel_shape=kernel_shape, pads=pads, strides=strides)
+    return select_outputs("ConvGrad", out, needs)

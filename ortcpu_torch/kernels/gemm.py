@@ -1,0 +1,121 @@
+"""MatMul and Gemm (ONNX) on OpenBLAS, float32 and float64.
+
+Thread decision for the library (measured, README "Threads"): OpenBLAS (a pthreads build
+in scipy-openblas32) is pinned to one thread when the extension loads; parallel work uses
+our OpenMP threads (torch's libgomp, ``get_num_threads()``), each running single-threaded
+OpenBLAS GEMMs: whole GEMMs per thread for batches (conv samples, MatMul batch dims), column
+or row slabs of one GEMM otherwise. OpenBLAS's own pool would otherwise spin next to
+OpenMP's on the same 2 cores.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._native import empty, ffi, native_fn, ptr
+from ._checks import check_status, float_input, fmt_shape, get_num_threads, same_dtype
+from ._registry import register
+
+
+def _offsets(batch_shape, t_batch, mat_elems):
+    """Element offsets of each broadcast batch entry into a contiguous tensor whose
+    batch dims are ``t_batch`` (right-aligned against ``batch_shape``)."""
+    nb = len(batch_shape)
+    tb = (1,) * (nb - len(t_batch)) + tuple(t_batch)
+    strides, acc = [], mat_elems
+    for s in reversed(tb):
+        strides.append(acc if s != 1 else 0)
+        acc *= s
+    strides.reverse()
+    off = torch.zeros(batch_shape, dtype=torch.int64)
+    for i, (size, st) in enumerate(zip(batch_shape, strides, strict=True)):
+        if st:
+            shape = [1] * nb
+            shape[i] = size
+            off = off + (torch.arange(size, dtype=torch.int64) * st).view(shape)
+    return off.reshape(-1).contiguous()
+
+
+@register
+def MatMul(A, B):
+    """ONNX MatMul (numpy semantics: 1-D promotion, broadcast batch dims). Inputs: A, B.
+    Output: Y."""
+    op = "MatMul"
+    A = float_input(op, "A", A, min_rank=1)
+    B = float_input(op, "B", B, min_rank=1)
+    same_dtype(op, "A", A, "B", B)
+    a2 = A.unsqueeze(0) if A.dim() == 1 else A
+    b2 = B.unsqueeze(-1) if B.dim() == 1 else B
+    m, k = a2.shape[-2], a2.shape[-1]
+    k2, n = b2.shape[-2], b2.shape[-1]
+    if k != k2:
+        raise ValueError(f"{op}: inner dims differ: A {fmt_shape(A)} and B {fmt_shape(B)}")
+    try:
+        batch = torch.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+    except RuntimeError:
+        raise ValueError(f"{op}: batch dims of A {fmt_shape(A)} and B {fmt_shape(B)} do not "
+                         f"broadcast") from None
+    Y = empty((*batch, m, n), A.dtype)
+    nb = Y.numel() // max(m * n, 1) if m * n else int(torch.Size(batch).numel())
+    if Y.numel():
+        a_off = _offsets(batch, a2.shape[:-2], m * k)
+        b_off = _offsets(batch, b2.shape[:-2], k * n)
+        st = native_fn("matmul", A.dtype)(
+            ptr(A), ptr(B), ptr(Y), nb, ffi.cast("int64_t *", a_off.data_ptr()),
+            ffi.cast("int64_t *", b_off.data_ptr()), m, n, k, A.numel(), B.numel(),
+            get_num_threads())
+        check_status(st, op)
+    if A.dim() == 1:
+        Y = Y.squeeze(-2)
+    if B.dim() == 1:
+        Y = Y.squeeze(-1)
+    return Y
+
+
+@register
+def Gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
+    """ONNX Gemm: ``Y = alpha·op(A)·op(B) + beta·C`` (C broadcast to [M, N]). Inputs: A, B,
+    optional C. Output: Y."""
+    op = "Gemm"
+    A = float_input(op, "A", A)
+    B = float_input(op, "B", B)
+    same_dtype(op, "A", A, "B", B)
+    for name, v in (("transA", transA), ("transB", transB)):
+        if isinstance(v, bool) or v not in (0, 1):
+            raise ValueError(f"{op}: {name} must be 0 or 1, got {v!r}")
+    for name, v in (("alpha", alpha), ("beta", beta)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"{op}: {name} must be a float, got {type(v).__name__}")
+    if A.dim() != 2 or B.dim() != 2:
+        raise ValueError(f"{op}: A and B must be 2-D, got {fmt_shape(A)} and {fmt_shape(B)}")
+    m, k = (A.shape[1], A.shape[0]) if transA else A.shape
+    k2, n = (B.shape[1], B.shape[0]) if transB else B.shape
+    if k != k2:
+        raise ValueError(f"{op}: inner dims differ: op(A) is [{m}, {k}], op(B) is [{k2}, {n}]")
+    Y = empty((m, n), A.dtype)
+    b = 0.0
+    if C is not None and beta != 0:
+        C = float_input(op, "C", C)
+        same_dtype(op, "A", A, "C", C)
+        try:
+            Y.copy_(C.expand(m, n))
+        except RuntimeError:
+            raise ValueError(f"{op}: C {fmt_shape(C)} does not broadcast to [{m}, {n}]") from None
+        b = float(beta)
+    elif C is not None:
+        C = float_input(op, "C", C)
+        same_dtype(op, "A", A, "C", C)
+        try:
+            torch.broadcast_shapes(C.shape, (m, n))
+        except RuntimeError:
+            raise ValueError(f"{op}: C {fmt_shape(C)} does not broadcast to [{m}, {n}]") from None
+    if m == 0 or n == 0:
+        return Y
+    if k == 0:
+        Y.mul_(b) if b else Y.zero_()
+        return Y
+    st = native_fn("gemm_mt", A.dtype)(
+        int(transA), int(transB), m, n, k, float(alpha), ptr(A), A.shape[1], ptr(B),
+        B.shape[1], b, ptr(Y), n, get_num_threads())
+    check_status(st, op)
+    return Y
