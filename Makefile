@@ -3,14 +3,14 @@
 PY ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= test,conformance,demo,dev
+EXTRAS ?= test,conformance,demo,dev,mpi
 BIN := $(VENV)/bin
 DEPS_STAMP := $(VENV)/.deps-installed
 EXT_STAMP := $(VENV)/.ext-built
 NATIVE_SRC := $(wildcard native/include/*.h native/src/*.c native/src/*.h native/src/*.inc) \
               ortcpu_torch/_native/build.py setup.py
 
-.PHONY: all test demo bench bench-optim bench-summary bench-rnn build lint readme clean
+.PHONY: all test demo bench bench-optim bench-summary bench-rnn bench-distributed build lint readme clean
 
 all: test
 
@@ -49,6 +49,10 @@ bench-optim: $(EXT_STAMP)
 # TensorBoard writer vs torch.utils.tensorboard (benchmarks/results/summary.md)
 bench-summary: $(EXT_STAMP)
 	$(BIN)/python -m benchmarks.bench_summary $(BENCH_ARGS)
+
+# allreduce_ vs raw mpi4py, DataParallel scaling/overlap (benchmarks/results/distributed.md)
+bench-distributed: $(EXT_STAMP)
+	$(BIN)/python -m benchmarks.distributed $(BENCH_ARGS)
 
 # LSTM / GRU / Embedding vs torch (benchmarks/results/rnn_tensor.md)
 bench-rnn: $(EXT_STAMP)

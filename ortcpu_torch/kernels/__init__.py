@@ -9,6 +9,7 @@ returns one.
 from . import (  # noqa: F401  (each module registers its ops)
     activations,
     batchnorm,
+    comm,
     conv,
     dropout,
     gemm,

@@ -1,0 +1,137 @@
+"""Collectives over MPI_COMM_WORLD: barrier, in-place broadcast and allreduce.
+
+With one process (no mpi4py, or not launched by ``mpiexec``) they are no-ops:
+``allreduce_(t, "mean")`` of one rank is ``t`` itself.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _mpi
+
+__all__ = ["barrier", "broadcast_", "allreduce_", "REDUCE_DTYPES"]
+
+# dtypes MPI reduces natively (as the matching numpy view); float16/bfloat16 go via float32
+_NATIVE = {
+    torch.float32: "f4", torch.float64: "f8", torch.int8: "i1", torch.int16: "i2",
+    torch.int32: "i4", torch.int64: "i8", torch.uint8: "u1", torch.complex64: "c8",
+    torch.complex128: "c16",
+}
+_VIA_FLOAT32 = (torch.float16, torch.bfloat16)
+REDUCE_DTYPES = (*_NATIVE, *_VIA_FLOAT32)
+
+
+def barrier() -> None:
+    """Block until every rank has called ``barrier()``."""
+    if _mpi.world_size() > 1:
+        _mpi.comm().Barrier()
+
+
+def _root(op: str, root) -> int:
+    if isinstance(root, bool) or not isinstance(root, int):
+        raise TypeError(f"{op}: root must be an int rank, got {type(root).__name__}")
+    size = _mpi.world_size()
+    if not 0 <= root < size:
+        raise ValueError(f"{op}: root must be a rank in [0, {size - 1}], got {root}")
+    return root
+
+
+def _inplace_target(op: str, tensor) -> torch.Tensor:
+    _mpi.check_tensor(op, "tensor", tensor)
+    if tensor.requires_grad and tensor.is_leaf and torch.is_grad_enabled():
+        raise ValueError(f"{op}: tensor is a leaf that requires grad; call it under "
+                         "torch.no_grad() or on tensor.data")
+    return tensor
+
+
+def broadcast_(tensor: torch.Tensor, root: int = 0) -> torch.Tensor:
+    """Overwrite ``tensor`` on every rank with rank ``root``'s values; returns it.
+
+    Every rank must pass a tensor of the same dtype and shape (checked: a mismatch
+    raises on the ranks that differ from ``root``).
+    """
+    op = "broadcast_"
+    _inplace_target(op, tensor)
+    root = _root(op, root)
+    if _mpi.world_size() == 1:
+        return tensor
+    import numpy as np
+
+    MPI = _mpi.mpi(required=True)
+    c = MPI.COMM_WORLD
+    if tensor.dim() > 62:
+        raise ValueError(f"{op}: tensor rank must be <= 62, got {tensor.dim()}")
+    meta = np.zeros(64, dtype=np.int64)
+    meta[:2 + tensor.dim()] = [_mpi.TORCH_TO_ONNX[tensor.dtype], tensor.dim(), *tensor.shape]
+    root_meta = meta.copy()
+    c.Bcast([root_meta, MPI.INT64_T], root=root)
+    if not np.array_equal(meta, root_meta):
+        rdt = _mpi.ONNX_TO_TORCH.get(int(root_meta[0]))
+        rshape = tuple(int(v) for v in root_meta[2 : 2 + int(root_meta[1])])
+        err = (f"{op}: rank {_mpi.rank()} passed {_mpi.dtype_name(tensor.dtype)} "
+               f"{_mpi.shape_str(tensor.shape)} but root {root} has "
+               f"{_mpi.dtype_name(rdt) if rdt else '?'} {_mpi.shape_str(rshape)}")
+    else:
+        err = None
+    # everyone learns whether anyone mismatched, so no rank is left blocked in Bcast
+    bad = c.allreduce(1 if err else 0, op=MPI.SUM)
+    if err:
+        raise ValueError(err)
+    if bad:
+        raise ValueError(f"{op}: {bad} rank(s) passed a tensor whose dtype/shape differs "
+                         f"from root {root}'s")
+    contiguous = tensor.is_contiguous()
+    buf_t = tensor.detach() if contiguous else tensor.detach().contiguous()
+    c.Bcast([_mpi.as_bytes(buf_t), MPI.BYTE], root=root)
+    if not contiguous:
+        with torch.no_grad():
+            tensor.copy_(buf_t)
+    return tensor
+
+
+def _mpi_op(op: str, reduce: str):
+    MPI = _mpi.mpi(required=True)
+    table = {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN,
+             "prod": MPI.PROD}
+    return table[reduce]
+
+
+def allreduce_(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """Reduce ``tensor`` over all ranks in place (``op`` = "sum", "mean", "max", "min"
+    or "prod"); returns it.
+
+    float16 and bfloat16 are reduced in float32 (MPI has no bfloat16 sum) and rounded
+    once at the end; "mean" of an integer tensor is an error (use "sum").
+    """
+    name = "allreduce_"
+    _inplace_target(name, tensor)
+    if op not in ("sum", "mean", "max", "min", "prod"):
+        raise ValueError(f"{name}: op must be 'sum', 'mean', 'max', 'min' or 'prod', got {op!r}")
+    if tensor.dtype not in REDUCE_DTYPES:
+        raise TypeError(f"{name}: cannot reduce dtype {_mpi.dtype_name(tensor.dtype)}; supported: "
+                        f"{', '.join(_mpi.dtype_name(d) for d in REDUCE_DTYPES)}")
+    if op == "mean" and not (tensor.dtype.is_floating_point or tensor.is_complex()):
+        raise TypeError(f"{name}: op='mean' needs a floating tensor, got "
+                        f"{_mpi.dtype_name(tensor.dtype)}")
+    if op in ("max", "min") and tensor.is_complex():
+        raise TypeError(f"{name}: op={op!r} is undefined for complex tensors")
+    size = _mpi.world_size()
+    if size == 1:
+        return tensor
+    MPI = _mpi.mpi(required=True)
+    with torch.no_grad():
+        if tensor.dtype in _VIA_FLOAT32:
+            work = tensor.detach().to(torch.float32).contiguous()
+        elif tensor.is_contiguous():
+            work = tensor.detach()
+        else:
+            work = tensor.detach().contiguous()
+        arr = work.reshape(-1).numpy()
+        if arr.size:
+            MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, arr, op=_mpi_op(name, op))
+        if op == "mean":
+            work.div_(size)
+        if work is not tensor:
+            tensor.copy_(work)
+    return tensor
