@@ -23,31 +23,23 @@ def kernel_list() -> str:
     return f"{len(lines)} ops in `ortcpu_torch.kernels`:\n\n" + "\n".join(lines)
 
 
-def bench_table() -> str:
-    path = ROOT / "benchmarks" / "results" / "latest.md"
+#: README section -> (result file under benchmarks/results, the command that writes it)
+BENCH_SECTIONS = {
+    "benchmarks": ("latest.md", "make bench"),
+    "benchmarks-optim": ("optim.md", "make bench-optim"),
+    "norm-benchmarks": ("norm_loss.md", "python -m benchmarks.norm_loss"),
+    "conv-benchmarks": ("conv_pool.md", "python -m benchmarks.conv_pool"),
+    "rnn-benchmarks": ("rnn_tensor.md", "make bench-rnn"),
+    "summary-benchmarks": ("summary.md", "make bench-summary"),
+    "train-step-benchmarks": ("train_step.md", "python -m benchmarks.train_step"),
+    "distributed-benchmarks": ("distributed.md", "make bench-distributed"),
+}
+
+
+def bench_table(filename: str, command: str) -> str:
+    path = ROOT / "benchmarks" / "results" / filename
     if not path.exists():
-        return "_No benchmark results yet: run `make bench`._"
-    return path.read_text().strip()
-
-
-def optim_bench_table() -> str:
-    path = ROOT / "benchmarks" / "results" / "optim.md"
-    if not path.exists():
-        return "_No optimizer benchmark results yet: run `make bench-optim`._"
-    return path.read_text().strip()
-
-
-def summary_bench_table() -> str:
-    path = ROOT / "benchmarks" / "results" / "summary.md"
-    if not path.exists():
-        return "_No results yet: run `make bench-summary`._"
-    return path.read_text().strip()
-
-
-def rnn_bench_table() -> str:
-    path = ROOT / "benchmarks" / "results" / "rnn_tensor.md"
-    if not path.exists():
-        return "_No results yet: run `make bench-rnn`._"
+        return f"_No results yet: run `{command}`._"
     return path.read_text().strip()
 
 
@@ -62,12 +54,9 @@ def main() -> None:
     readme = ROOT / "README.md"
     text = readme.read_text()
     text = replace_section(text, "kernels", kernel_list())
-    text = replace_section(text, "benchmarks", bench_table())
-    text = replace_section(text, "benchmarks-optim", optim_bench_table())
-    if "<!-- BEGIN summary-benchmarks -->" in text:
-        text = replace_section(text, "summary-benchmarks", summary_bench_table())
-    if "<!-- BEGIN rnn-benchmarks -->" in text:
-        text = replace_section(text, "rnn-benchmarks", rnn_bench_table())
+    for name, (filename, command) in BENCH_SECTIONS.items():
+        if f"<!-- BEGIN {name} -->" in text:
+            text = replace_section(text, name, bench_table(filename, command))
     readme.write_text(text)
     print(f"updated {readme}")
 
