@@ -235,6 +235,55 @@ def test_nan_row_does_not_spread_and_big_logits():
                  F.cross_entropy(big, tb, reduction="none"), **L32)
 
 
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_gradient_written_by_forward(weighted, smoothing):
+    """With a scalar loss the forward writes the gradient (dy = 1) in its pass; the
+    backward returns it (scaled by dy), a second backward (retain_graph) recomputes it
+    from the saved logits, a non-finite dy recomputes too (ignored rows stay 0). All
+    agree with torch, including rows that take the max-shift fallback and NaN rows."""
+    x = torch.randn(40, 77) * 3
+    x[3, 5] = 70.0  # exceeds the row's first logit by > 60: max-shift fallback
+    x[7, 0] = -float("inf")
+    x = x.requires_grad_()
+    t = torch.randint(0, 77, (40,))
+    t[::6] = -100
+    w = torch.rand(77) + 0.1 if weighted else None
+    for red in ("mean", "sum"):
+        kw = dict(weight=w, reduction=red, label_smoothing=smoothing)
+        ours = ot.ops.cross_entropy(x, t, **kw)
+        ref = F.cross_entropy(x, t, **kw)
+        assert_close(ours, ref, **L32)
+        g_ref, = torch.autograd.grad(ref, x, retain_graph=True)
+        g1, = torch.autograd.grad(ours, x, retain_graph=True)
+        g2, = torch.autograd.grad(ours, x, retain_graph=True)
+        assert_close(g1, g_ref, **G32)
+        assert_close(g2, g_ref, **G32)
+        ours = ot.ops.cross_entropy(x, t, **kw)
+        g3, = torch.autograd.grad(ours, x, torch.tensor(-2.5))
+        assert_close(g3, -2.5 * g_ref, **G32)
+        ours = ot.ops.cross_entropy(x, t, **kw)
+        g4, = torch.autograd.grad(ours, x, torch.tensor(float("nan")))
+        assert g4[::6].eq(0).all() and g4[1].isnan().all()
+    # NaN in one row: that row's gradient is NaN, the others are torch's
+    xn = x.detach().clone()
+    xn[2, 9] = float("nan")
+    xn.requires_grad_()
+    gn, = torch.autograd.grad(ot.ops.cross_entropy(xn, t, w), xn)
+    gr, = torch.autograd.grad(F.cross_entropy(xn, t, w), xn)
+    assert gn[2].isnan().all()
+    keep = torch.ones(40, dtype=torch.bool)
+    keep[2] = False
+    assert_close(gn[keep], gr[keep], **G32)
+    # probability targets and N-D inputs go through the same fused forward
+    xd = torch.randn(6, 5, 4, requires_grad=True)
+    p = torch.softmax(torch.randn(6, 5, 4), 1)
+    assert_close(torch.autograd.grad(ot.ops.cross_entropy(xd, p, label_smoothing=smoothing),
+                                     xd)[0],
+                 torch.autograd.grad(F.cross_entropy(xd, p, label_smoothing=smoothing),
+                                     xd)[0], **G32)
+
+
 @pytest.mark.parametrize("c", [1, 2, 7, 8, 9, 15, 16, 17, 33, 64, 65, 70])
 def test_odd_class_counts(c):
     x, t = _case((9, c), torch.float32)

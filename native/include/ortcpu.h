@@ -359,6 +359,20 @@ int ortcpu_sce_backward_f64(const double *src, const double *shift, const int64_
                             const double *add, double *dx, int64_t n, int64_t c, int64_t d,
                             int64_t ignore_index, double smoothing, int nthreads);
 
+/* forward_grad: the forward plus d(loss)/d(x) for an upstream gradient of 1 on the sum
+ * (mean != 0: on the mean over the weights of the non-ignored samples) written to dx in
+ * the same pass (log_prob not available); totals as forward. */
+int ortcpu_sce_forward_grad_f32(const float *x, const int64_t *label, const float *dense,
+                                const float *weight, const float *sample_weight, float *loss,
+                                float *lse, float *dx, double *totals, int64_t n, int64_t c,
+                                int64_t d, int64_t ignore_index, double smoothing, int mean,
+                                int nthreads);
+int ortcpu_sce_forward_grad_f64(const double *x, const int64_t *label, const double *dense,
+                                const double *weight, const double *sample_weight,
+                                double *loss, double *lse, double *dx, double *totals,
+                                int64_t n, int64_t c, int64_t d, int64_t ignore_index,
+                                double smoothing, int mean, int nthreads);
+
 /* ---- dropout (spec §7) ----------------------------------------------------------
  * forward: mask[i] = u_i >= ratio with u_i in [0, 1) from a counter-based hash of
  * (seed, i) (24-bit resolution; independent of the thread count), y = mask ? x/(1-ratio)

@@ -120,6 +120,25 @@ def sce_forward(op: str, x, label, *, dense=None, weight=None, sample_weight=Non
     return {"loss": loss, "log_prob": lp, "lse": lse, "total": tot[0], "wsum": tot[1]}
 
 
+def sce_forward_grad(op: str, x, label, *, dense=None, weight=None, ignore_index=None,
+                     smoothing: float = 0.0, mean: bool = True, want_loss=False,
+                     class_axis=1):
+    """The forward and, in the same pass, d(total or mean loss)/d(logits) for an upstream
+    gradient of 1. Returns the dict of :func:`sce_forward` (no log_prob) plus dx."""
+    n, c, d, sshape = layout(op, x, class_axis)
+    ig = _NO_IGNORE if ignore_index is None else ignore_index
+    loss = empty(sshape, x.dtype) if want_loss else None
+    lse = torch.empty(n * d, dtype=x.dtype)
+    dx = empty(x.shape, x.dtype)
+    tot = ffi.new("double[2]")
+    st = native_fn("sce_forward_grad", x.dtype)(
+        ptr(x), _i64(label), ptr(dense), ptr(weight), ffi.NULL, ptr(loss), ptr(lse), ptr(dx),
+        tot, n, c, d, ig, float(smoothing), 1 if mean else 0, get_num_threads(),
+    )
+    check_status(st, op)
+    return {"loss": loss, "lse": lse, "dx": dx, "total": tot[0], "wsum": tot[1]}
+
+
 def sce_backward(op: str, src, label, *, shift=None, dense=None, weight=None,
                  sample_weight=None, dy=None, dy_scale: float = 1.0, add=None,
                  ignore_index=None, smoothing: float = 0.0, class_axis=1):

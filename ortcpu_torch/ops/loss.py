@@ -8,6 +8,8 @@ written or read.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..kernels import loss as K
@@ -20,6 +22,11 @@ class _CrossEntropy(torch.autograd.Function):
                 unbatched: bool):
         op = "cross_entropy"
         dense = target.is_floating_point()
+        # With a scalar loss whose input needs a gradient, the gradient for dy = 1 is
+        # written in the forward pass (one pass over the logits instead of two); the
+        # backward returns it (scaled by dy), or recomputes when called a second time.
+        fused = ctx.needs_input_grad[0] and reduction != "none"
+        ctx.dx = None
         if dense:
             lab = target
             if weight is not None:
@@ -29,15 +36,24 @@ class _CrossEntropy(torch.autograd.Function):
                 lab = lab * (1.0 - smoothing) + smoothing / c * (
                     weight.view((-1,) + (1,) * (x.dim() - 2)) if weight is not None else 1.0)
             lab = lab.contiguous()
-            r = K.sce_forward(op, x, None, dense=lab, want_loss=reduction == "none",
-                              want_lse=True)
+            if fused:
+                r = K.sce_forward_grad(op, x, None, dense=lab, mean=reduction == "mean")
+                ctx.dx = r["dx"]
+            else:
+                r = K.sce_forward(op, x, None, dense=lab, want_loss=reduction == "none",
+                                  want_lse=True)
             n, c, d, sshape = K.layout(op, x, 1)
             wsum = float(n * d)
             ctx.save_for_backward(x, lab, r["lse"])
         else:
-            r = K.sce_forward(op, x, target, weight=weight, ignore_index=ignore_index,
-                              smoothing=smoothing, want_loss=reduction == "none",
-                              want_lse=True)
+            if fused:
+                r = K.sce_forward_grad(op, x, target, weight=weight, ignore_index=ignore_index,
+                                       smoothing=smoothing, mean=reduction == "mean")
+                ctx.dx = r["dx"]
+            else:
+                r = K.sce_forward(op, x, target, weight=weight, ignore_index=ignore_index,
+                                  smoothing=smoothing, want_loss=reduction == "none",
+                                  want_lse=True)
             wsum = r["wsum"]
             ctx.save_for_backward(x, target, r["lse"], weight)
         ctx.dense, ctx.wsum, ctx.reduction, ctx.smoothing = dense, wsum, reduction, smoothing
@@ -55,6 +71,11 @@ class _CrossEntropy(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy):
         op = "cross_entropy"
+        if ctx.dx is not None:
+            dx, ctx.dx = ctx.dx, None
+            gv = float(dy)
+            if math.isfinite(gv):
+                return (dx if gv == 1.0 else dx.mul_(gv)), None, None, None, None, None, None
         if ctx.reduction == "none":
             dyt, g = dy.contiguous(), 1.0
         else:
