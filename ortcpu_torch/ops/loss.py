@@ -1,9 +1,13 @@
 """Autograd function for softmax cross-entropy with ``torch.nn.functional.cross_entropy``'s
 signature (ORT SoftmaxCrossEntropyLoss(+Grad) semantics, plus label smoothing natively).
 
-The forward keeps only one number per sample (max + log Σ exp); the backward rebuilds the
-probabilities from the saved logits in one fused pass, so no [N, C] log-probabilities are
-written or read.
+The forward keeps only one number per sample (max + log Σ exp); no [N, C] log-probabilities
+are written or read. When the loss is a scalar (mean/sum) and the input needs a gradient, the
+forward also writes d(loss)/d(input) for dy = 1 in the same pass over the logits (each row's
+exponentials are kept in the gradient buffer and rescaled once the row's sum is known), and
+the backward only scales it by dy: one pass over the logits per training step instead of
+two. A second backward through the same graph (retain_graph) or a non-finite dy rebuilds the
+probabilities from the saved logits and lse, as the "none" reduction always does.
 """
 
 from __future__ import annotations
