@@ -22,7 +22,8 @@ $(DEPS_STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q setuptools wheel "cffi>=1.15" scipy-openblas32
 	$(BIN)/pip install -q --no-build-isolation -e ".[$(EXTRAS)]"
-	touch $(EXT_STAMP) $@
+	touch $@
+	touch $(EXT_STAMP)
 
 $(EXT_STAMP): $(DEPS_STAMP) $(NATIVE_SRC)
 	$(BIN)/pip install -q --no-build-isolation --no-deps -e .

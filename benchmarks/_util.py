@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
 import os
 import platform
 import resource
@@ -161,3 +162,15 @@ def wait_quiet(max_seconds: float, busy_limit: float = 0.03, window: int = 5) ->
         if quiet >= window:
             return True
     return False
+
+
+def write_results(stem: str, result: dict, markdown_text: str) -> None:
+    """benchmarks/results/<stem>.json and <stem>.md (the README includes the .md)."""
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, stem + ".json"), "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    with open(os.path.join(RESULTS, stem + ".md"), "w") as f:
+        f.write(markdown_text)
+    print(f"\nwrote benchmarks/results/{stem}.json and {stem}.md")
+

@@ -47,7 +47,6 @@ import torch.nn.functional as F
 from ortcpu_torch import kernels, ops
 
 from ._util import (
-    RESULTS,
     Copier,
     ForeignLoad,
     machine_info,
@@ -55,6 +54,7 @@ from ._util import (
     quantiles,
     set_threads,
     wait_quiet,
+    write_results,
 )
 
 aten = torch.ops.aten
@@ -521,13 +521,7 @@ def main(argv=None) -> int:
 
     full = not args.quick and not args.filters
     stem = "latest" if full else "partial"
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, stem + ".json"), "w") as f:
-        json.dump(result, f, indent=1)
-        f.write("\n")
-    with open(os.path.join(RESULTS, stem + ".md"), "w") as f:
-        f.write(markdown(result))
-    print(f"\nwrote benchmarks/results/{stem}.json and {stem}.md")
+    write_results(stem, result, markdown(result))
     return 0
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
-import json
 import math
 import os
 import sys
@@ -45,13 +44,13 @@ from torch import nn
 import ortcpu_torch
 
 from ._util import (
-    RESULTS,
     ForeignLoad,
     machine_info,
     openmp_runtimes,
     quantiles,
     set_threads,
     wait_quiet,
+    write_results,
 )
 
 NOISY_SHARE = 0.05
@@ -367,13 +366,7 @@ def main(argv=None) -> int:
             print(f"target {r['case']}: {r['ratio']:.2f}x (need {t}x): "
                   f"{'met' if r['ratio'] >= t else 'NOT MET'}")
     stem = "train_step" if not args.quick and not args.cases else "train_step_partial"
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, stem + ".json"), "w") as f:
-        json.dump(result, f, indent=1)
-        f.write("\n")
-    with open(os.path.join(RESULTS, stem + ".md"), "w") as f:
-        f.write(markdown(result))
-    print(f"\nwrote benchmarks/results/{stem}.json and {stem}.md")
+    write_results(stem, result, markdown(result))
     return 0
 
 

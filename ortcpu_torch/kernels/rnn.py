@@ -49,6 +49,15 @@ def lstm_forward(x, w, r, b=None, p=None, h0=None, c0=None, reverse=False):
     return hall, call, iofc
 
 
+def _grad_buffers(x, H: int, gates: int, needs) -> list:
+    """dX, dW, dR, dB, dH0 outputs shared by LSTM (4 gates) and GRU (3 gates); None where
+    ``needs`` is False."""
+    S, B, n_in = x.shape
+    shapes = ((S, B, n_in), (gates * H, n_in), (gates * H, H), (2 * gates * H,), (B, H))
+    return [empty(shape, x.dtype) if need else None
+            for shape, need in zip(shapes, needs[:5], strict=True)]
+
+
 def lstm_backward(x, w, r, p, h0, c0, hall, call, iofc, dhall, dhfinal, dcfinal,
                   reverse=False, needs=(True,) * 7):
     """Gradients (dX, dW, dR, dB [8H], dH0, dC0, dP [3H]) of one LSTM direction; entries
@@ -57,11 +66,7 @@ def lstm_backward(x, w, r, p, h0, c0, hall, call, iofc, dhall, dhfinal, dcfinal,
     S, B, n_in = x.shape
     H = r.shape[1]
     dt = x.dtype
-    dx = empty((S, B, n_in), dt) if needs[0] else None
-    dw = empty((4 * H, n_in), dt) if needs[1] else None
-    dr = empty((4 * H, H), dt) if needs[2] else None
-    db = empty((8 * H,), dt) if needs[3] else None
-    dh0 = empty((B, H), dt) if needs[4] else None
+    dx, dw, dr, db, dh0 = _grad_buffers(x, H, 4, needs)
     dc0 = empty((B, H), dt) if needs[5] else None
     dp = empty((3 * H,), dt) if needs[6] else None   # dL/dP at P (at 0 when p is None)
     st = native_fn("lstm_backward", dt)(
@@ -92,11 +97,7 @@ def gru_backward(x, w, r, b, h0, hall, zrh, dhall, dhfinal, linear_before_reset=
     S, B, n_in = x.shape
     H = r.shape[1]
     dt = x.dtype
-    dx = empty((S, B, n_in), dt) if needs[0] else None
-    dw = empty((3 * H, n_in), dt) if needs[1] else None
-    dr = empty((3 * H, H), dt) if needs[2] else None
-    db = empty((6 * H,), dt) if needs[3] else None
-    dh0 = empty((B, H), dt) if needs[4] else None
+    dx, dw, dr, db, dh0 = _grad_buffers(x, H, 3, needs)
     st = native_fn("gru_backward", dt)(
         ptr(x), ptr(w), ptr(r), ptr(b), ptr(h0), ptr(hall), ptr(zrh), ptr(dhall),
         ptr(dhfinal), ptr(dx), ptr(dw), ptr(dr), ptr(db), ptr(dh0), S, B, n_in, H,

@@ -7,6 +7,7 @@ clip coefficient as it reads them, so the gradients themselves are left unclippe
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Callable
 
@@ -77,7 +78,7 @@ def _same_layout(p: torch.Tensor, ts) -> bool:
     return all(t.stride() == p.stride() and t.dtype in NATIVE for t in ts)
 
 
-class NativeOptimizer(Optimizer):
+class NativeOptimizer(Optimizer, metaclass=abc.ABCMeta):
     """Base class: subclasses define ``_init_state(p, state, group)``,
     ``_state_keys(group)`` (the per-parameter state tensors the kernel updates, in order)
     and ``_update(group, params, grads, states, grad_scale)``."""
@@ -97,14 +98,17 @@ class NativeOptimizer(Optimizer):
     _name = "Optimizer"
     _has_step = False  # per-parameter state["step"] counters (the Adam family)
 
-    def _init_state(self, p, state, group):  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _init_state(self, p, state, group):
+        """Create ``state`` for parameter ``p`` (moment buffers, step counter)."""
 
-    def _state_keys(self, group) -> list[str]:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _state_keys(self, group) -> list[str]:
+        """Names of the per-parameter state tensors the update reads and writes."""
 
-    def _update(self, group, params, grads, states, grad_scale, steps):  # pragma: no cover
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _update(self, group, params, grads, states, grad_scale, steps):
+        """One native multi-tensor step over a parameter group."""
 
     # -- machinery ----------------------------------------------------------------------
 
