@@ -19,6 +19,10 @@ _NATIVE = {
     torch.complex128: "c16",
 }
 _VIA_FLOAT32 = (torch.float16, torch.bfloat16)
+# allreduce_ reduces in chunks of this many bytes (of the reduction dtype); measured on
+# 2 local ranks (MPICH shared memory, 64 MB float32): 1-4 MB chunks run ~2.5x faster than
+# one whole-buffer Allreduce; 8 MB and 256 KB are slower (benchmarks/distributed.py)
+_CHUNK_BYTES = 4 << 20
 REDUCE_DTYPES = (*_NATIVE, *_VIA_FLOAT32)
 
 
@@ -120,18 +124,40 @@ def allreduce_(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     if size == 1:
         return tensor
     MPI = _mpi.mpi(required=True)
+    c, mop = MPI.COMM_WORLD, _mpi_op(name, op)
     with torch.no_grad():
-        if tensor.dtype in _VIA_FLOAT32:
-            work = tensor.detach().to(torch.float32).contiguous()
-        elif tensor.is_contiguous():
-            work = tensor.detach()
-        else:
-            work = tensor.detach().contiguous()
-        arr = work.reshape(-1).numpy()
-        if arr.size:
-            MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, arr, op=_mpi_op(name, op))
-        if op == "mean":
-            work.div_(size)
-        if work is not tensor:
-            tensor.copy_(work)
+        # the reduction runs chunk by chunk over a contiguous flat view: MPI moves and
+        # reduces a cache-sized chunk much faster than one huge buffer, and "mean" divides
+        # each chunk right after its reduction, while it is still in cache (no extra pass
+        # over memory). All ranks derive the same chunking from the same numel.
+        flat = (tensor.detach() if tensor.is_contiguous() else tensor.detach().contiguous())
+        flat = flat.reshape(-1)
+        n = flat.numel()
+        via32 = tensor.dtype in _VIA_FLOAT32
+        work_itemsize = 4 if via32 else tensor.element_size()
+        step = max(1, _CHUNK_BYTES // work_itemsize)
+        # float16/bfloat16: each chunk is widened into a reused float32 staging buffer,
+        # reduced (and divided) in float32, and rounded once on the way back
+        stage = torch.empty(min(step, n), dtype=torch.float32) if via32 and n else None
+        # multiplying by 1/size is bit-identical to dividing only when size is a power of 2
+        exact_inv = size & (size - 1) == 0
+        inv = 1.0 / size
+        for s in range(0, n, step):
+            e = min(n, s + step)
+            chunk = flat[s:e]
+            work = stage[: e - s] if via32 else chunk
+            if via32:
+                work.copy_(chunk)
+            c.Allreduce(MPI.IN_PLACE, work.numpy(), op=mop)
+            if op == "mean":
+                if via32:
+                    torch.div(work, size, out=chunk)  # divide in float32, round once
+                elif exact_inv:
+                    work.mul_(inv)  # x * 2**-k == x / 2**k exactly, at twice the speed
+                else:
+                    work.div_(size)
+            elif via32:
+                chunk.copy_(work)
+        if not tensor.is_contiguous():
+            tensor.copy_(flat.view(tensor.shape))
     return tensor

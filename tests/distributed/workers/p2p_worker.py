@@ -197,6 +197,32 @@ big = torch.full((4,), 256.0, dtype=torch.bfloat16) if rank == 0 else \
     torch.full((4,), 1.0, dtype=torch.bfloat16)
 dist.allreduce_(big)
 assert torch.equal(big, torch.full((4,), 257.0).to(torch.bfloat16))
+# allreduce_ works in chunks: force tiny chunks so a 1000-element tensor spans many
+# (ragged tail included); results must be bit-identical to the unchunked reduction
+from ortcpu_torch.distributed import collectives as _coll  # noqa: E402
+
+_saved_chunk = _coll._CHUNK_BYTES
+_coll._CHUNK_BYTES = 96
+try:
+    for i, dt in enumerate((torch.float32, torch.float64, torch.bfloat16, torch.float16,
+                            torch.int32, torch.complex64)):
+        a, b = sample(dt, (40, 25), 300 + i), sample(dt, (40, 25), 400 + i)
+        wide = torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+        for op in ("sum", "mean", "max"):
+            if (op == "mean" and not (dt.is_floating_point or dt.is_complex)) or \
+                    (op == "max" and dt.is_complex):
+                continue
+            for transpose in (False, True):
+                t = (a if rank == 0 else b).clone()
+                t = t.t().contiguous().t() if transpose else t
+                assert dist.allreduce_(t, op) is t
+                A, B = a.to(wide), b.to(wide)
+                ref = (A + B if op == "sum" else (A + B) / 2 if op == "mean"
+                       else torch.maximum(A, B)).to(dt)
+                torch.testing.assert_close(t, ref, rtol=0, atol=0, equal_nan=True,
+                                           msg=f"chunked allreduce_ {dt} {op} {transpose}")
+finally:
+    _coll._CHUNK_BYTES = _saved_chunk
 expect_error(TypeError, ["mean", "int64"], dist.allreduce_, torch.ones(2, dtype=torch.int64),
              "mean")
 # broadcast_ with a mismatched shape: clear error on every rank, no hang
