@@ -27,14 +27,5 @@ static inline uint32_t drop_threshold(double ratio)
     return t <= 0 ? 0u : (t >= 16777216.0 ? 16777216u : (uint32_t)t);
 }
 
-#define T float
-#define SFX f32
-#include "dropout.inc"
-#undef T
-#undef SFX
-
-#define T double
-#define SFX f64
-#include "dropout.inc"
-#undef T
-#undef SFX
+#define ORT_TEMPLATE "dropout.inc"
+#include "instantiate.h"

@@ -20,29 +20,6 @@ static int gemm_check(int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
     return ORTCPU_OK;
 }
 
-/* single GEMM on the calling thread: C = alpha*op(A)*op(B) + beta*C, row-major */
-int ortcpu_gemm_f32(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                    const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
-                    float *c, int64_t ldc)
-{
-    int st = gemm_check(m, n, k, lda, ldb, ldc);
-    if (st || m == 0 || n == 0) return st;
-    scipy_cblas_sgemm(CblasRowMajor, ORT_TRANS(trans_a), ORT_TRANS(trans_b), (int)m, (int)n,
-                      (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
-    return ORTCPU_OK;
-}
-
-int ortcpu_gemm_f64(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, double alpha,
-                    const double *a, int64_t lda, const double *b, int64_t ldb, double beta,
-                    double *c, int64_t ldc)
-{
-    int st = gemm_check(m, n, k, lda, ldb, ldc);
-    if (st || m == 0 || n == 0) return st;
-    scipy_cblas_dgemm(CblasRowMajor, ORT_TRANS(trans_a), ORT_TRANS(trans_b), (int)m, (int)n,
-                      (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
-    return ORTCPU_OK;
-}
-
 void ortcpu_blas_set_num_threads(int n) { scipy_openblas_set_num_threads(n < 1 ? 1 : n); }
 int ortcpu_blas_get_num_threads(void) { return scipy_openblas_get_num_threads(); }
 

@@ -4,14 +4,5 @@
  * float32 and float64 from one source (grad_control.inc). */
 #include "multi_tensor.h"
 
-#define T float
-#define SFX f32
-#include "grad_control.inc"
-#undef T
-#undef SFX
-
-#define T double
-#define SFX f64
-#include "grad_control.inc"
-#undef T
-#undef SFX
+#define ORT_TEMPLATE "grad_control.inc"
+#include "instantiate.h"

@@ -26,14 +26,5 @@ static inline float sce_exp_f32(float x)
 
 static inline double sce_exp_f64(double x) { return exp(x); }
 
-#define T float
-#define SFX f32
-#include "loss.inc"
-#undef T
-#undef SFX
-
-#define T double
-#define SFX f64
-#include "loss.inc"
-#undef T
-#undef SFX
+#define ORT_TEMPLATE "loss.inc"
+#include "instantiate.h"

@@ -3,14 +3,5 @@
 #include "common.h"
 #include "blocksum.h"
 
-#define T float
-#define SFX f32
-#include "norm.inc"
-#undef T
-#undef SFX
-
-#define T double
-#define SFX f64
-#include "norm.inc"
-#undef T
-#undef SFX
+#define ORT_TEMPLATE "norm.inc"
+#include "instantiate.h"

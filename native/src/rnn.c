@@ -63,14 +63,5 @@ static void rnn_blas_leave(int saved)
     if (saved != 1) scipy_openblas_set_num_threads(saved);
 }
 
-#define T float
-#define SFX f32
-#include "rnn.inc"
-#undef T
-#undef SFX
-
-#define T double
-#define SFX f64
-#include "rnn.inc"
-#undef T
-#undef SFX
+#define ORT_TEMPLATE "rnn.inc"
+#include "instantiate.h"

@@ -87,14 +87,5 @@ int ortcpu_check_indices(const int64_t *idx, int64_t n, int64_t dim, int64_t *ba
     return ORTCPU_OK;
 }
 
-#define T float
-#define SFX f32
-#include "tensor.inc"
-#undef T
-#undef SFX
-
-#define T double
-#define SFX f64
-#include "tensor.inc"
-#undef T
-#undef SFX
+#define ORT_TEMPLATE "tensor.inc"
+#include "instantiate.h"
