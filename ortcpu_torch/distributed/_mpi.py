@@ -29,6 +29,8 @@ from collections import deque
 
 import torch
 
+from ..kernels._checks import cpu_tensor
+
 MAGIC = 0x4F52_5443  # "ORTC"
 VERSION = 1
 HEADER_SLOTS = 512  # int64 slots reserved for a received header
@@ -157,12 +159,7 @@ def check_tag(op: str, tag) -> int:
 
 
 def check_tensor(op: str, name: str, t) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cpu":
-        raise TypeError(f"{op}: {name} must be a CPU tensor, got device {t.device}")
-    if t.layout != torch.strided:
-        raise TypeError(f"{op}: {name} must be a dense (strided) tensor, got {t.layout}")
+    t = cpu_tensor(op, name, t)
     if t.dtype not in TORCH_TO_ONNX:
         raise TypeError(f"{op}: {name} has dtype {dtype_name(t.dtype)}, which has no wire "
                         f"encoding; supported: {', '.join(dtype_name(d) for d in TORCH_TO_ONNX)}")

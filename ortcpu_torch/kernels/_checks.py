@@ -15,6 +15,7 @@ FLOATS = (torch.float32, torch.float64)
 
 __all__ = [
     "FLOATS",
+    "cpu_tensor",
     "float_input",
     "same_shape",
     "same_dtype",
@@ -30,17 +31,23 @@ def fmt_shape(t: torch.Tensor) -> str:
     return "(" + ", ".join(str(s) for s in t.shape) + ("," if t.dim() == 1 else "") + ")"
 
 
-def float_input(op: str, name: str, t, dtypes=FLOATS, min_rank: int = 0) -> torch.Tensor:
-    """``t`` as a contiguous CPU tensor of one of ``dtypes``, or a clear error."""
+def cpu_tensor(op: str, name: str, t) -> torch.Tensor:
+    """``t`` itself if it is a dense CPU torch.Tensor, else a TypeError naming it."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cpu":
         raise TypeError(f"{op}: {name} must be a CPU tensor, got device {t.device}")
+    if t.layout != torch.strided:
+        raise TypeError(f"{op}: {name} must be a dense (strided) tensor, got {t.layout}")
+    return t
+
+
+def float_input(op: str, name: str, t, dtypes=FLOATS, min_rank: int = 0) -> torch.Tensor:
+    """``t`` as a contiguous CPU tensor of one of ``dtypes``, or a clear error."""
+    t = cpu_tensor(op, name, t)
     if t.dtype not in dtypes:
         allowed = " or ".join(str(d).replace("torch.", "") for d in dtypes)
         raise TypeError(f"{op}: {name} must be {allowed}, got {str(t.dtype).replace('torch.', '')}")
-    if t.layout != torch.strided:
-        raise TypeError(f"{op}: {name} must be a dense (strided) tensor, got {t.layout}")
     if t.dim() < min_rank:
         raise ValueError(f"{op}: {name} must have rank >= {min_rank}, got shape {fmt_shape(t)}")
     return t if t.is_contiguous() else t.contiguous()

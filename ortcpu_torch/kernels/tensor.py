@@ -22,6 +22,7 @@ from .._native import empty, ffi, lib, native_fn
 from ._checks import (
     FLOATS,
     check_status,
+    cpu_tensor,
     float_input,
     fmt_shape,
     get_num_threads,
@@ -37,12 +38,7 @@ INTS = (torch.int32, torch.int64)
 
 
 def _tensor(op: str, name: str, t) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cpu":
-        raise TypeError(f"{op}: {name} must be a CPU tensor, got device {t.device}")
-    if t.layout != torch.strided:
-        raise TypeError(f"{op}: {name} must be a dense (strided) tensor, got {t.layout}")
+    t = cpu_tensor(op, name, t)
     return t if t.is_contiguous() else t.contiguous()
 
 
