@@ -433,9 +433,11 @@ int ortcpu_gemm_f64(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, d
                     double *c, int64_t ldc);
 
 /* ---- convolution (spec §6.1), conv.c --------------------------------------
- * geom[22]: N, C, M, group, in[3], kernel[3], out[3], strides[3], pads_begin[3],
- * dilations[3] (1-D/2-D as 3-D with leading sizes 1). x [N,C,in], w [M,C/group,kernel],
- * b [M] or NULL, y [N,M,out]. Backward: any of dx, dw, db may be NULL.          */
+ * geom[23]: N, C, M, group, in[3], kernel[3], out[3], strides[3], pads_begin[3],
+ * dilations[3] (1-D/2-D as 3-D with leading sizes 1), algorithm (0 auto, 1 im2col,
+ * 2 Winograd F(2x2,3x3): 2-D 3x3, stride 1, dilation 1, group 1 only).
+ * x [N,C,in], w [M,C/group,kernel], b [M] or NULL, y [N,M,out]. Backward: any of dx,
+ * dw, db may be NULL.                                                              */
 int ortcpu_conv_forward_f32(const float *x, const float *w, const float *b, float *y,
                             const int64_t *geom, int nthreads);
 int ortcpu_conv_forward_f64(const double *x, const double *w, const double *b, double *y,

@@ -1,8 +1,8 @@
 /* conv.c -- Conv forward and ConvGrad (spec §6.1) for 1/2/3-D, lowered to OpenBLAS GEMMs
  * through im2col / col2im. 1-D and 2-D run as 3-D with leading spatial sizes of 1.
  *
- * Geometry (int64 geom[22]): N, C, M, group, in[3] (D,H,W), k[3], out[3], stride[3],
- * pad_begin[3], dil[3]. Layouts: x [N,C,in], w [M,C/group,k], y [N,M,out].
+ * Geometry (int64 geom[23]): N, C, M, group, in[3] (D,H,W), k[3], out[3], stride[3],
+ * pad_begin[3], dil[3], algorithm (CONV_ALGO_*). Layouts: x [N,C,in], w [M,C/group,k], y [N,M,out].
  *
  * Threads: one OpenMP thread per slice of the batch, each with its own column buffer and
  * single-threaded OpenBLAS GEMMs (gemm.h); a batch smaller than the thread count runs the
@@ -15,6 +15,10 @@
 
 #include <cblas.h>
 
+#ifndef WINO_BLOCK_BYTES
+#define WINO_BLOCK_BYTES (1024 * 1024)
+#endif
+
 typedef struct {
     int64_t n, c, m, group;
     int64_t in[3], k[3], out[3], s[3], p[3], d[3];
@@ -23,10 +27,17 @@ typedef struct {
     int64_t ksz;         /* kernel volume */
     int64_t ck;          /* cg * ksz: rows of the column matrix */
     int pointwise;       /* 1x1x1 kernel, stride 1, no pad: the column matrix is x itself */
+    int algo;            /* CONV_ALGO_*: geom[22] */
 } conv_geom;
+
+enum { CONV_ALGO_AUTO = 0, CONV_ALGO_IM2COL = 1, CONV_ALGO_WINOGRAD = 2 };
 
 static int conv_geom_read(const int64_t *g, conv_geom *q)
 {
+    if (g[22] < CONV_ALGO_AUTO || g[22] > CONV_ALGO_WINOGRAD)
+        return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv: algorithm %lld not in 0..2",
+                        (long long)g[22]);
+    q->algo = (int)g[22];
     q->n = g[0]; q->c = g[1]; q->m = g[2]; q->group = g[3];
     for (int i = 0; i < 3; i++) {
         q->in[i] = g[4 + i]; q->k[i] = g[7 + i]; q->out[i] = g[10 + i];
@@ -64,10 +75,72 @@ static inline void conv_valid_range(int64_t off, int64_t s, int64_t in, int64_t 
     *hi = b;
 }
 
+/* ---- Winograd F(2x2, 3x3) geometry (conv_wino.inc) ---- */
+
+/* The geometry Winograd handles: 2-D, 3x3 kernel, stride 1, dilation 1, one group; any
+ * (asymmetric, even negative-end) padding. */
+static int conv_wino_fits(const conv_geom *q)
+{
+    return q->group == 1 && q->k[0] == 1 && q->k[1] == 3 && q->k[2] == 3 && q->in[0] == 1 &&
+           q->out[0] == 1 && q->p[0] == 0 && q->s[0] == 1 && q->s[1] == 1 && q->s[2] == 1 &&
+           q->d[0] == 1 && q->d[1] == 1 && q->d[2] == 1;
+}
+
+/* Where it pays (measured, see the note at the top): enough channels on both sides for
+ * the 16 GEMMs to dominate the transforms. */
+#define WINO_MIN_C 8
+#define WINO_MIN_M 8
+static int conv_wino_pays(const conv_geom *q)
+{
+    return q->c >= WINO_MIN_C && q->m >= WINO_MIN_M;
+}
+
+/* forward: Winograd when asked for, or by default where it fits and pays */
+static int conv_use_wino(const conv_geom *q)
+{
+    if (q->algo == CONV_ALGO_IM2COL || !conv_wino_fits(q)) return 0;
+    return q->algo == CONV_ALGO_WINOGRAD || conv_wino_pays(q);
+}
+
+/* One Winograd convolution: x [n, c, ih, iw] -> y [n, m, oh, ow], y[o] = sum x[o + k - p]
+ * (x zero outside the image), covered by 2x2 output tiles, th x tw per image. */
+typedef struct {
+    int64_t n, c, m, ih, iw, oh, ow, ph, pw;
+    int64_t th, tw, ntiles;
+} wino_geom;
+
+static void wino_geom_init(wino_geom *g, int64_t n, int64_t c, int64_t m, int64_t ih, int64_t iw,
+                           int64_t oh, int64_t ow, int64_t ph, int64_t pw)
+{
+    g->n = n; g->c = c; g->m = m; g->ih = ih; g->iw = iw; g->oh = oh; g->ow = ow;
+    g->ph = ph; g->pw = pw;
+    g->th = (oh + 1) / 2;
+    g->tw = (ow + 1) / 2;
+    g->ntiles = n * g->th * g->tw;
+}
+
+/* Tiles per block (a multiple of 16), chosen so the block's transformed input and
+ * output, 16 * (c + m) * tb elements, stay near L2 (measured), and the number of blocks
+ * is a multiple of the thread count. */
+static int64_t wino_block(const wino_geom *g, int64_t cin, int64_t cout, size_t esz, int t,
+                          int64_t *nblocks)
+{
+    int64_t tb = (int64_t)(WINO_BLOCK_BYTES / (16 * (size_t)(cin + cout) * esz));
+    if (tb < 16) tb = 16;
+    if (tb > 512) tb = 512;
+    int64_t nb = (g->ntiles + tb - 1) / tb;
+    nb = (nb + t - 1) / t * t;
+    tb = (g->ntiles + nb - 1) / nb;
+    tb = (tb + 15) / 16 * 16;
+    *nblocks = (g->ntiles + tb - 1) / tb;
+    return tb;
+}
+
 #define T float
 #define SFX f32
 #define BLAS_GEMM scipy_cblas_sgemm
 #define ACC double
+#include "conv_wino.inc"
 #include "conv.inc"
 #undef T
 #undef SFX
@@ -78,6 +151,7 @@ static inline void conv_valid_range(int64_t off, int64_t s, int64_t in, int64_t 
 #define SFX f64
 #define BLAS_GEMM scipy_cblas_dgemm
 #define ACC double
+#include "conv_wino.inc"
 #include "conv.inc"
 #undef T
 #undef SFX

@@ -2,8 +2,12 @@
 1/2/3-D, strides, asymmetric pads, dilations, groups (depthwise included), ``auto_pad``
 honoured (ORT 1.19.2's ConvGrad ignores it; we do not). float32 and float64.
 
-Lowering: im2col / col2im in C and GEMMs on OpenBLAS (single-threaded OpenBLAS, the batch
-split over our OpenMP threads; see ``kernels/gemm.py`` for the thread decision).
+Lowering (native/src/conv.c): 2-D 3x3 convolutions with stride 1, dilation 1, one group
+and at least 8 input and 8 output channels run as Winograd F(2x2, 3x3) (16 GEMMs per block
+of 2x2 output tiles; dX is the Winograd forward of dY with the rotated kernel); everything
+else as im2col / col2im. GEMMs on single-threaded OpenBLAS, the work split over our OpenMP
+threads (see ``kernels/gemm.py`` for the thread decision). ``conv_forward`` and
+``conv_backward`` take ``algo="auto" | "im2col" | "winograd"`` to force a lowering (tests).
 """
 
 from __future__ import annotations
@@ -23,10 +27,18 @@ from ._registry import register
 from ._spatial import auto_pad_attr, int_attr, int_list, pad3, resolve_pads, spatial_rank
 
 
+ALGOS = {"auto": 0, "im2col": 1, "winograd": 2}
+
+
 def conv_geometry(op: str, X: torch.Tensor, W: torch.Tensor, auto_pad="NOTSET",
-                  dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+                  dilations=None, group=1, kernel_shape=None, pads=None, strides=None,
+                  algo="auto"):
     """Validate Conv attributes against X [N,C,in...] and W [M,C/group,k...];
-    returns (geom list for the native code, output shape)."""
+    returns (geom list for the native code, output shape). ``algo`` forces the lowering:
+    "im2col" (any geometry) or "winograd" (2-D 3x3 kernel, stride 1, dilation 1, group 1);
+    "auto" lets the native code choose."""
+    if not isinstance(algo, str) or algo not in ALGOS:
+        raise ValueError(f"{op}: algo must be one of {sorted(ALGOS)}, got {algo!r}")
     r = spatial_rank(op, "X", X)
     if W.dim() != X.dim():
         raise ValueError(
@@ -57,8 +69,13 @@ def conv_geometry(op: str, X: torch.Tensor, W: torch.Tensor, auto_pad="NOTSET",
     ap = auto_pad_attr(op, auto_pad)
     ins = list(X.shape[2:])
     pb, _, out = resolve_pads(op, ap, pads, ins, k, s, d)
+    if algo == "winograd" and (r != 2 or k != [3, 3] or s != [1, 1] or d != [1, 1]
+                               or group != 1):
+        raise ValueError(f"{op}: algo='winograd' needs a 2-D 3x3 kernel with stride 1, "
+                         f"dilation 1 and group 1, got kernel {k}, strides {s}, dilations "
+                         f"{d}, group {group}")
     geom = [n, c, m, group, *pad3(ins, 1), *pad3(k, 1), *pad3(out, 1), *pad3(s, 1),
-            *pad3(pb, 0), *pad3(d, 1)]
+            *pad3(pb, 0), *pad3(d, 1), ALGOS[algo]]
     return geom, (n, m, *out)
 
 
