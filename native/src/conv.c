@@ -16,7 +16,7 @@
 #include <cblas.h>
 
 #ifndef WINO_BLOCK_BYTES
-#define WINO_BLOCK_BYTES (1024 * 1024)
+#define WINO_BLOCK_BYTES (512 * 1024)
 #endif
 
 typedef struct {
@@ -87,12 +87,16 @@ static int conv_wino_fits(const conv_geom *q)
 }
 
 /* Where it pays (measured, see the note at the top): enough channels on both sides for
- * the 16 GEMMs to dominate the transforms. */
+ * the 16 GEMMs to dominate the transforms (with 1 or 3 input channels, a network's first
+ * layer, im2col's single GEMM wins 1.3-4x), and at least as many 2x2 output tiles as
+ * channels (few tiles against many channels, e.g. N4 256->256 on 7x7, leave the GEMMs
+ * too narrow to pay for the transformed-kernel traffic: 0.6-0.9x there). */
 #define WINO_MIN_C 8
 #define WINO_MIN_M 8
 static int conv_wino_pays(const conv_geom *q)
 {
-    return q->c >= WINO_MIN_C && q->m >= WINO_MIN_M;
+    int64_t tiles = q->n * ((q->out[1] + 1) / 2) * ((q->out[2] + 1) / 2);
+    return q->c >= WINO_MIN_C && q->m >= WINO_MIN_M && tiles >= q->c && tiles >= q->m;
 }
 
 /* forward: Winograd when asked for, or by default where it fits and pays */
@@ -126,7 +130,7 @@ static int64_t wino_block(const wino_geom *g, int64_t cin, int64_t cout, size_t 
                           int64_t *nblocks)
 {
     int64_t tb = (int64_t)(WINO_BLOCK_BYTES / (16 * (size_t)(cin + cout) * esz));
-    if (tb < 16) tb = 16;
+    if (tb < 64) tb = 64;
     if (tb > 512) tb = 512;
     int64_t nb = (g->ntiles + tb - 1) / tb;
     nb = (nb + t - 1) / t * t;
