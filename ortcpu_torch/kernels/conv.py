@@ -26,7 +26,6 @@ from ._checks import (
 from ._registry import register
 from ._spatial import auto_pad_attr, int_attr, int_list, pad3, resolve_pads, spatial_rank
 
-
 ALGOS = {"auto": 0, "im2col": 1, "winograd": 2}
 
 

@@ -1,0 +1,198 @@
+"""Winograd F(2x2, 3x3) convolution path (native/src/conv_wino.inc) against the im2col
+path and torch on the same inputs: forward, dX, dW, dB; odd and non-square outputs (the
+last 2x2 tiles hang over the edge), asymmetric padding, padding 0/1/2 (and pads > 2,
+where the dX convolution gets negative padding), batch 0 and 1, channel counts around the
+auto-selection threshold, float64 gradcheck through the Winograd path, NaN/inf.
+
+Tolerances (float32): Winograd's transforms add a few roundings per output; measured
+against a float64 reference, max|err| / max|ref| is <= 7e-7 for Winograd (C=M=256:
+y 5.9e-7, dX 6.8e-7, dW 3.7e-7) vs <= 5e-7 for im2col and torch (oneDNN), i.e. the same
+order. Tests use atol = 2e-5 * max|ref| and rtol = 2e-5 against torch float32 and
+against im2col; float64 uses 1e-10.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ortcpu_torch.kernels import conv as KC
+from ortcpu_torch.ops.conv import _Conv
+
+ALGOS = ("im2col", "winograd")
+
+
+def _ref(x, w, b, pads, g):
+    """torch forward and grads with explicit ONNX pads [top, left, bottom, right]."""
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    br = b.clone().requires_grad_() if b is not None else None
+    y = F.conv2d(F.pad(xr, (pads[1], pads[3], pads[0], pads[2])), wr, br)
+    if g is None:
+        g = torch.randn_like(y)
+    y.backward(g)
+    return y.detach(), g, xr.grad, wr.grad, (br.grad if br is not None else None)
+
+
+def _ours(x, w, b, pads, g, algo):
+    y = KC.conv_forward("Conv", x, w, b, pads=pads, algo=algo)
+    dx, dw, db = KC.conv_backward("ConvGrad", g, x, w, (True, True, b is not None), pads=pads,
+                                  algo=algo)
+    return y, dx, dw, db
+
+
+def _close(a, b):
+    if b is None:
+        assert a is None
+        return
+    if b.dtype == torch.float64:
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    else:
+        scale = b.abs().max().item() if b.numel() else 1.0
+        torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-5 * max(scale, 1e-3))
+
+
+def _check(n, c, m, h, w, pads, dtype=torch.float32, bias=True, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, c, h, w, dtype=dtype, generator=gen)
+    wt = torch.randn(m, c, 3, 3, dtype=dtype, generator=gen)
+    b = torch.randn(m, dtype=dtype, generator=gen) if bias else None
+    y, g, dx, dw, db = _ref(x, wt, b, pads, None)
+    res = {a: _ours(x, wt, b, pads, g, a) for a in ALGOS}
+    for a in ALGOS:
+        for got, want in zip(res[a], (y, dx, dw, db), strict=True):
+            _close(got, want)
+    for got, want in zip(res["winograd"], res["im2col"], strict=True):
+        _close(got, want)
+
+
+# out sizes 1..9 (odd, non-square) from in sizes with padding 1
+@pytest.mark.parametrize("h,w", [(1, 1), (2, 3), (3, 2), (4, 5), (5, 9), (6, 1), (7, 8),
+                                 (8, 7), (9, 9), (1, 9)])
+def test_winograd_odd_sizes(h, w):
+    _check(2, 8, 9, h, w, [1, 1, 1, 1])
+
+
+@pytest.mark.parametrize("pads", [[0, 0, 0, 0], [1, 1, 1, 1], [2, 2, 2, 2], [0, 1, 2, 0],
+                                  [2, 0, 1, 1], [1, 2, 0, 0], [3, 1, 0, 4], [0, 0, 3, 2]])
+def test_winograd_padding(pads):
+    _check(2, 8, 8, 6, 7, pads)
+
+
+@pytest.mark.parametrize("n", [0, 1])
+def test_winograd_batch_0_1(n):
+    _check(n, 9, 8, 5, 6, [1, 1, 1, 1])
+
+
+@pytest.mark.parametrize("c,m", [(7, 7), (7, 8), (8, 7), (8, 8), (9, 9), (1, 16), (16, 1),
+                                 (3, 32), (64, 64)])
+def test_winograd_channels_around_threshold(c, m):
+    """Both paths forced, and the automatic choice, agree on the same inputs."""
+    _check(2, c, m, 12, 10, [1, 1, 1, 1])
+    x = torch.randn(2, c, 12, 10)
+    wt = torch.randn(m, c, 3, 3)
+    auto = KC.conv_forward("Conv", x, wt, None, pads=[1, 1, 1, 1])
+    _close(auto, KC.conv_forward("Conv", x, wt, None, pads=[1, 1, 1, 1], algo="im2col"))
+
+
+def test_winograd_float64_and_threads():
+    """float64 through Winograd matches im2col to 1e-10; the threaded split of tile
+    blocks (one image split across threads, per-thread dW partials) is exercised with a
+    size that makes several blocks."""
+    import ortcpu_torch
+
+    old = ortcpu_torch.get_num_threads()
+    try:
+        for t in (1, 2):
+            ortcpu_torch.set_num_threads(t)
+            _check(3, 16, 24, 30, 33, [1, 1, 1, 1], dtype=torch.float64)
+            _check(1, 16, 8, 40, 41, [0, 2, 1, 0], dtype=torch.float64, bias=False)
+    finally:
+        ortcpu_torch.set_num_threads(old)
+
+
+def test_winograd_no_bias_and_partial_needs():
+    x = torch.randn(2, 8, 7, 9)
+    wt = torch.randn(8, 8, 3, 3)
+    g = torch.randn(2, 8, 7, 9)
+    full = KC.conv_backward("ConvGrad", g, x, wt, (True, True, True), pads=[1, 1, 1, 1],
+                            algo="winograd")
+    for need in [(True, False, False), (False, True, False), (False, False, True),
+                 (False, True, True)]:
+        part = KC.conv_backward("ConvGrad", g, x, wt, need, pads=[1, 1, 1, 1],
+                                algo="winograd")
+        for want, p, got in zip(need, full, part, strict=True):
+            if want:
+                torch.testing.assert_close(got, p, rtol=0, atol=0)
+            else:
+                assert got is None
+
+
+@pytest.mark.parametrize("pads", [[1, 1, 1, 1], [0, 2, 1, 0]])
+def test_winograd_gradcheck(pads):
+    attrs = {"pads": pads, "strides": [1, 1], "dilations": [1, 1], "group": 1,
+             "algo": "winograd"}
+    x = torch.randn(2, 3, 5, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(2, 3, 3, 3, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w, b: _Conv.apply(x, w, b, attrs, "conv2d"),
+                                    (x, w, b))
+
+
+def test_winograd_nan_inf():
+    """NaN in x or dY reaches exactly the outputs / dX entries whose windows hold it (as
+    im2col and torch); an inf makes the same outputs non-finite (Winograd may turn +-inf
+    into NaN: its transforms subtract inputs, inf - inf)."""
+    x = torch.randn(1, 8, 9, 8)
+    wt = torch.randn(8, 8, 3, 3)
+    g = torch.randn(1, 8, 9, 8)
+    x[0, 2, 4, 3] = float("nan")
+    x[0, 5, 0, 7] = float("nan")
+    y0 = KC.conv_forward("Conv", x, wt, None, pads=[1, 1, 1, 1], algo="im2col")
+    y1 = KC.conv_forward("Conv", x, wt, None, pads=[1, 1, 1, 1], algo="winograd")
+    yt = F.conv2d(x, wt, padding=1)
+    assert torch.equal(y1.isnan(), yt.isnan()) and torch.equal(y0.isnan(), yt.isnan())
+    fin = ~yt.isnan()
+    torch.testing.assert_close(y1[fin], yt[fin], rtol=2e-5, atol=1e-4)
+    # dX of a NaN in dY; dW of a NaN in x (every (co, ci) pair that meets it)
+    gn = g.clone()
+    gn[0, 1, 5, 5] = float("nan")
+    dx1, _, _ = KC.conv_backward("ConvGrad", gn, x, wt, (True, False, False),
+                                 pads=[1, 1, 1, 1], algo="winograd")
+    dx0, _, _ = KC.conv_backward("ConvGrad", gn, x, wt, (True, False, False),
+                                 pads=[1, 1, 1, 1], algo="im2col")
+    assert torch.equal(dx1.isnan(), dx0.isnan()) and dx1.isnan().any()
+    _, dw1, _ = KC.conv_backward("ConvGrad", g, x, wt, (False, True, False),
+                                 pads=[1, 1, 1, 1], algo="winograd")
+    _, dw0, _ = KC.conv_backward("ConvGrad", g, x, wt, (False, True, False),
+                                 pads=[1, 1, 1, 1], algo="im2col")
+    # an interior NaN reaches every tap of dW[:, ci] on both paths; one on the image edge
+    # reaches only some taps through im2col but all 9 through Winograd (G^T dU G mixes the
+    # 16 transformed taps): a superset, never fewer
+    assert dw0[:, 2].isnan().all() and dw1[:, 2].isnan().all()
+    assert not (dw0.isnan() & ~dw1.isnan()).any()
+    assert dw1[:, 5].isnan().all() and not dw0[:, 5].isnan().all()
+    keep = torch.ones(8, dtype=torch.bool)
+    keep[[2, 5]] = False
+    assert not dw1[:, keep].isnan().any()
+    torch.testing.assert_close(dw1[:, keep], dw0[:, keep], rtol=2e-5, atol=1e-4)
+    # inf: the same outputs go non-finite, the rest agree
+    xi = torch.randn(1, 8, 9, 8)
+    xi[0, 3, 6, 2] = float("inf")
+    yi = KC.conv_forward("Conv", xi, wt, None, pads=[1, 1, 1, 1], algo="winograd")
+    yti = F.conv2d(xi, wt, padding=1)
+    assert torch.equal(yi.isfinite(), yti.isfinite())
+    torch.testing.assert_close(yi[yti.isfinite()], yti[yti.isfinite()], rtol=2e-5, atol=1e-4)
+
+
+def test_winograd_bad_algo():
+    x = torch.randn(1, 8, 6, 6)
+    with pytest.raises(ValueError, match="algo='winograd' needs"):
+        KC.conv_forward("Conv", x, torch.randn(8, 8, 3, 3), None, strides=[2, 2],
+                        algo="winograd")
+    with pytest.raises(ValueError, match="algo='winograd' needs"):
+        KC.conv_forward("Conv", x, torch.randn(8, 8, 5, 5), None, algo="winograd")
+    with pytest.raises(ValueError, match="algo='winograd' needs"):
+        KC.conv_forward("Conv", x, torch.randn(8, 4, 3, 3), None, group=2, algo="winograd")
+    with pytest.raises(ValueError, match="algo must be one of"):
+        KC.conv_forward("Conv", x, torch.randn(8, 8, 3, 3), None, algo="fft")
