@@ -46,12 +46,12 @@ typedef struct {
     int algo;            /* CONV_ALGO_*: geom[22] */
 } conv_geom;
 
-enum { CONV_ALGO_AUTO = 0, CONV_ALGO_IM2COL = 1, CONV_ALGO_WINOGRAD = 2 };
+enum { CONV_ALGO_AUTO = 0, CONV_ALGO_IM2COL = 1, CONV_ALGO_WINOGRAD2 = 2, CONV_ALGO_WINOGRAD4 = 3 };
 
 static int conv_geom_read(const int64_t *g, conv_geom *q)
 {
-    if (g[22] < CONV_ALGO_AUTO || g[22] > CONV_ALGO_WINOGRAD)
-        return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv: algorithm %lld not in 0..2",
+    if (g[22] < CONV_ALGO_AUTO || g[22] > CONV_ALGO_WINOGRAD4)
+        return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv: algorithm %lld not in 0..3",
                         (long long)g[22]);
     q->algo = (int)g[22];
     q->n = g[0]; q->c = g[1]; q->m = g[2]; q->group = g[3];
@@ -115,37 +115,46 @@ static int conv_wino_pays(const conv_geom *q)
     return q->c >= WINO_MIN_C && q->m >= WINO_MIN_M && tiles >= q->c && tiles >= q->m;
 }
 
-/* forward: Winograd when asked for, or by default where it fits and pays */
-static int conv_use_wino(const conv_geom *q)
+/* Tile size of the Winograd path for this convolution (0: im2col): 2 for F(2x2,3x3),
+ * 4 for F(4x4,3x3); forced by the algorithm, or chosen where it fits and pays. */
+static int conv_wino_tile(const conv_geom *q)
 {
     if (q->algo == CONV_ALGO_IM2COL || !conv_wino_fits(q)) return 0;
-    return q->algo == CONV_ALGO_WINOGRAD || conv_wino_pays(q);
+    if (q->algo == CONV_ALGO_WINOGRAD2) return 2;
+    if (q->algo == CONV_ALGO_WINOGRAD4) return 4;
+    if (!conv_wino_pays(q)) return 0;
+    return 4;
 }
 
 /* One Winograd convolution: x [n, c, ih, iw] -> y [n, m, oh, ow], y[o] = sum x[o + k - p]
- * (x zero outside the image), covered by 2x2 output tiles, th x tw per image. */
+ * (x zero outside the image), covered by r x r output tiles (r = 2: F(2x2,3x3), r = 4:
+ * F(4x4,3x3)), th x tw per image, each reading a (r+2) x (r+2) input patch; nx = (r+2)^2
+ * transformed positions. */
 typedef struct {
     int64_t n, c, m, ih, iw, oh, ow, ph, pw;
     int64_t th, tw, ntiles;
+    int r, pch, nx;
 } wino_geom;
 
-static void wino_geom_init(wino_geom *g, int64_t n, int64_t c, int64_t m, int64_t ih, int64_t iw,
-                           int64_t oh, int64_t ow, int64_t ph, int64_t pw)
+static void wino_geom_init(wino_geom *g, int r, int64_t n, int64_t c, int64_t m, int64_t ih,
+                           int64_t iw, int64_t oh, int64_t ow, int64_t ph, int64_t pw)
 {
     g->n = n; g->c = c; g->m = m; g->ih = ih; g->iw = iw; g->oh = oh; g->ow = ow;
     g->ph = ph; g->pw = pw;
-    g->th = (oh + 1) / 2;
-    g->tw = (ow + 1) / 2;
+    g->r = r;
+    g->pch = r + 2;
+    g->nx = g->pch * g->pch;
+    g->th = (oh + r - 1) / r;
+    g->tw = (ow + r - 1) / r;
     g->ntiles = n * g->th * g->tw;
 }
 
-/* Tiles per block (a multiple of 16), chosen so the block's transformed input and
- * output, 16 * (c + m) * tb elements, stay near L2 (measured), and the number of blocks
+/* Tiles per block (>= 64, a multiple of 16), chosen so the block's transformed input and
+ * output, nx * (c + m) * tb elements, stay near L2 (measured), and the number of blocks
  * is a multiple of the thread count. */
-static int64_t wino_block(const wino_geom *g, int64_t cin, int64_t cout, size_t esz, int t,
-                          int64_t *nblocks)
+static int64_t wino_block(const wino_geom *g, size_t esz, int t, int64_t *nblocks)
 {
-    int64_t tb = (int64_t)(WINO_BLOCK_BYTES / (16 * (size_t)(cin + cout) * esz));
+    int64_t tb = (int64_t)(WINO_BLOCK_BYTES / ((size_t)g->nx * (size_t)(g->c + g->m) * esz));
     if (tb < 64) tb = 64;
     if (tb > 512) tb = 512;
     int64_t nb = (g->ntiles + tb - 1) / tb;
@@ -154,6 +163,13 @@ static int64_t wino_block(const wino_geom *g, int64_t cin, int64_t cout, size_t 
     tb = (tb + 15) / 16 * 16;
     *nblocks = (g->ntiles + tb - 1) / tb;
     return tb;
+}
+
+/* Plane stride of V / M: a multiple of 4 KB would put all nx streams of a transform in
+ * one L1 set (measured: F(4x4) input transform 5x slower); 16 elements more spread them. */
+static inline int64_t wino_plane(int64_t ch, int64_t ld)
+{
+    return ch * ld + 16;
 }
 
 #define T float

@@ -26,7 +26,7 @@ from ._checks import (
 from ._registry import register
 from ._spatial import auto_pad_attr, int_attr, int_list, pad3, resolve_pads, spatial_rank
 
-ALGOS = {"auto": 0, "im2col": 1, "winograd": 2}
+ALGOS = {"auto": 0, "im2col": 1, "winograd2": 2, "winograd4": 3}
 
 
 def conv_geometry(op: str, X: torch.Tensor, W: torch.Tensor, auto_pad="NOTSET",
@@ -68,9 +68,9 @@ def conv_geometry(op: str, X: torch.Tensor, W: torch.Tensor, auto_pad="NOTSET",
     ap = auto_pad_attr(op, auto_pad)
     ins = list(X.shape[2:])
     pb, _, out = resolve_pads(op, ap, pads, ins, k, s, d)
-    if algo == "winograd" and (r != 2 or k != [3, 3] or s != [1, 1] or d != [1, 1]
+    if algo.startswith("winograd") and (r != 2 or k != [3, 3] or s != [1, 1] or d != [1, 1]
                                or group != 1):
-        raise ValueError(f"{op}: algo='winograd' needs a 2-D 3x3 kernel with stride 1, "
+        raise ValueError(f"{op}: algo={algo!r} needs a 2-D 3x3 kernel with stride 1, "
                          f"dilation 1 and group 1, got kernel {k}, strides {s}, dilations "
                          f"{d}, group {group}")
     geom = [n, c, m, group, *pad3(ins, 1), *pad3(k, 1), *pad3(out, 1), *pad3(s, 1),
