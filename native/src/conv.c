@@ -2,27 +2,30 @@
  * 1-D and 2-D run as 3-D with leading spatial sizes of 1.
  *
  * Geometry (int64 geom[23]): N, C, M, group, in[3] (D,H,W), k[3], out[3], stride[3],
- * pad_begin[3], dil[3], algorithm (CONV_ALGO_*: 0 auto, 1 im2col, 2 Winograd).
- * Layouts: x [N,C,in], w [M,C/group,k], y [N,M,out].
+ * pad_begin[3], dil[3], algorithm (CONV_ALGO_*: 0 auto, 1 im2col, 2 Winograd F(2x2,3x3),
+ * 3 Winograd F(4x4,3x3)). Layouts: x [N,C,in], w [M,C/group,k], y [N,M,out].
  *
  * Two lowerings:
- * - Winograd F(2x2, 3x3) (conv_wino.inc) for 2-D 3x3 kernels with stride 1, dilation 1,
- *   group 1 and any (asymmetric) padding: 16 GEMMs per block of 2x2 output tiles instead
- *   of one im2col GEMM, 2.25x fewer multiply-adds. dX is the same forward convolution of
- *   dY with the kernel rotated by 180 degrees, channels swapped and pads 2 - p; dW comes
- *   from dU_xi += (A dY A^T)_xi . (B^T x B)_xi^T over the same tiles, dW = G^T dU G.
- *   Auto picks it when C >= 8, M >= 8 and there are at least max(C, M) tiles (measured
- *   per shape against im2col: 1.3-1.8x faster there; a 1- or 3-channel first layer and
- *   few tiles against many channels lose). Forced with algorithm 2 (tests compare both).
+ * - Winograd (conv_wino.inc) for 2-D 3x3 kernels with stride 1, dilation 1, group 1 and
+ *   any (asymmetric) padding: (r+2)^2 GEMMs per block of r x r output tiles instead of
+ *   one im2col GEMM, 2.25x (F(2x2)) or 4x (F(4x4)) fewer multiply-adds. dX is the same
+ *   forward convolution of dY with the kernel rotated by 180 degrees, channels swapped
+ *   and pads 2 - p; dW comes from dU_xi += (A dY A^T)_xi . (B^T x B)_xi^T over the same
+ *   tiles, dW = G^T dU G. Auto picks Winograd when C >= 8, M >= 8 and there are at least
+ *   max(C, M) 2x2 tiles (measured per shape against im2col: 1.2-2x faster there; a 1- or
+ *   3-channel first layer and few tiles against many channels lose), and F(4x4) among
+ *   the two when its tiles cover the output tightly (see conv_wino_tile). float32 error
+ *   vs a float64 reference (max|err|/max|ref|): F(2x2) <= 7e-7 like im2col and oneDNN,
+ *   F(4x4) <= 1.1e-5. Forced with algorithm 2 / 3 (tests compare all paths).
  * - im2col / col2im + one GEMM per sample and group for everything else.
  *
  * Threads: im2col gives one OpenMP thread per slice of the batch, each with its own
  * column buffer and single-threaded OpenBLAS GEMMs (gemm.h); a batch smaller than the
  * thread count runs the samples in turn with each GEMM split over the threads instead.
  * Winograd splits the blocks of tiles (numbered over all images, so one image can span
- * threads) evenly over the threads, each with its own V/M scratch (~512 KB, near L2) and
- * single-threaded GEMMs; dW sums per-thread dU partials at the end. Problems under
- * ~2 MFLOP stay on the calling thread either way. */
+ * threads) evenly over the threads, each with its own V/M scratch (~512 KB, near L2;
+ * at least 64 tiles) and single-threaded GEMMs; dW sums per-thread dU partials at the
+ * end. Problems under ~2 MFLOP stay on the calling thread either way. */
 #include "common.h"
 #include "gemm.h"
 

@@ -3,11 +3,12 @@
 honoured (ORT 1.19.2's ConvGrad ignores it; we do not). float32 and float64.
 
 Lowering (native/src/conv.c): 2-D 3x3 convolutions with stride 1, dilation 1, one group
-and at least 8 input and 8 output channels run as Winograd F(2x2, 3x3) (16 GEMMs per block
-of 2x2 output tiles; dX is the Winograd forward of dY with the rotated kernel); everything
-else as im2col / col2im. GEMMs on single-threaded OpenBLAS, the work split over our OpenMP
-threads (see ``kernels/gemm.py`` for the thread decision). ``conv_forward`` and
-``conv_backward`` take ``algo="auto" | "im2col" | "winograd"`` to force a lowering (tests).
+and at least 8 input and 8 output channels run as Winograd F(2x2, 3x3) or F(4x4, 3x3)
+(GEMMs per block of output tiles; dX is the Winograd forward of dY with the rotated
+kernel); everything else as im2col / col2im. GEMMs on single-threaded OpenBLAS, the work
+split over our OpenMP threads (see ``kernels/gemm.py`` for the thread decision).
+``conv_forward`` and ``conv_backward`` take ``algo="auto" | "im2col" | "winograd2" |
+"winograd4"`` to force a lowering (tests).
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ def conv_geometry(op: str, X: torch.Tensor, W: torch.Tensor, auto_pad="NOTSET",
                   algo="auto"):
     """Validate Conv attributes against X [N,C,in...] and W [M,C/group,k...];
     returns (geom list for the native code, output shape). ``algo`` forces the lowering:
-    "im2col" (any geometry) or "winograd" (2-D 3x3 kernel, stride 1, dilation 1, group 1);
-    "auto" lets the native code choose."""
+    "im2col" (any geometry), "winograd2" / "winograd4" (F(2x2,3x3) / F(4x4,3x3): 2-D 3x3
+    kernel, stride 1, dilation 1, group 1); "auto" lets the native code choose."""
     if not isinstance(algo, str) or algo not in ALGOS:
         raise ValueError(f"{op}: algo must be one of {sorted(ALGOS)}, got {algo!r}")
     r = spatial_rank(op, "X", X)
