@@ -1,6 +1,7 @@
-"""ops.linear / nn.Linear on the Gemm kernel against torch: float32 forward and gradients
-(tolerance: sums of up to 70 products of O(1) values, OpenBLAS vs MKL summation order;
-measured worst 1.9e-6, checked at 2e-5), float64 gradcheck, edge shapes, bad input."""
+"""ops.linear / nn.Linear (Gemm kernel) and ops.matmul (batched GEMM) against torch:
+float32 forward and gradients (tolerance: sums of up to 70 products of O(1) values,
+OpenBLAS vs MKL summation order; measured worst 1.9e-6, checked at 2e-5), float64
+gradcheck, transposed and non-contiguous operands, edge shapes, bad input, routing."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import ortcpu_torch
 from ortcpu_torch import nn, ops
 
 TOL32 = dict(rtol=2e-5, atol=2e-5)
@@ -93,3 +95,72 @@ def test_module_matches_torch_linear():
     torch.testing.assert_close(ours(x), ref(x), **TOL32)
     nb = nn.Linear(3, 2, bias=False)
     assert nb.bias is None and list(nb.state_dict()) == ["weight"]
+
+
+# ---- matmul ----------------------------------------------------------------------------
+
+T = torch.Tensor.transpose
+MATMUL_CASES = [  # (a, b) builders: plain, [..., m, k] @ [k, n], transposed / permuted views
+    lambda r: (r(3, 4), r(4, 5)),
+    lambda r: (r(2, 3, 4), r(4, 5)),
+    lambda r: (r(2, 3, 17), r(2, 17, 1)),
+    lambda r: (r(2, 2, 3, 4), r(2, 2, 4, 5)),
+    lambda r: (r(2, 4, 5, 3), T(r(2, 4, 5, 3), -2, -1)),  # q @ k^T, read in place
+    lambda r: (T(r(2, 6, 3), -2, -1), r(2, 6, 5)),  # transposed left operand
+    lambda r: (r(4, 3, 2, 5).permute(1, 2, 0, 3), r(3, 2, 5, 2)),  # neither layout: copied
+    lambda r: (r(5, 7), T(r(6, 7), 0, 1)),  # x @ w^T
+    lambda r: (r(0, 3, 4), r(0, 4, 2)),
+    lambda r: (r(2, 3, 0), r(2, 0, 4)),
+    lambda r: (r(2, 0, 4), r(4, 3)),
+]
+
+
+def _leaves(pair):
+    return tuple(t.detach().clone().requires_grad_() for t in pair)
+
+
+@pytest.mark.parametrize("case", range(len(MATMUL_CASES)))
+def test_matmul_matches_torch_float32(case):
+    a, b = _leaves(MATMUL_CASES[case](torch.randn))  # clone keeps the (transposed) strides
+    assert a.stride() == MATMUL_CASES[case](torch.randn)[0].stride()
+    y, yt = ops.matmul(a, b), torch.matmul(a, b)
+    torch.testing.assert_close(y, yt, **TOL32)
+    dy = torch.randn_like(yt)
+    for g, gt in zip(torch.autograd.grad(y, (a, b), dy), torch.autograd.grad(yt, (a, b), dy),
+                     strict=True):
+        torch.testing.assert_close(g, gt, **TOL32)
+
+
+@pytest.mark.parametrize("case", [0, 1, 3, 4, 5, 6, 8])
+def test_matmul_gradcheck_float64(case):
+    a, b = _leaves(MATMUL_CASES[case](lambda *s: torch.randn(*s, dtype=torch.float64)))
+    assert torch.autograd.gradcheck(ops.matmul, (a, b))
+
+
+@pytest.mark.parametrize("a,b,exc,match", [
+    (torch.randn(4), torch.randn(4, 3), ValueError, "not implemented"),
+    (torch.randn(2, 3, 4), torch.randn(1, 4, 5), ValueError, "not implemented"),
+    (torch.randn(3, 4), torch.randn(2, 4, 5), ValueError, "not implemented"),
+    (torch.randn(3, 4), torch.randn(5, 3), ValueError, "inner dims differ"),
+    (torch.randn(3, 4), [[1.0]], TypeError, "other must be a torch.Tensor"),
+    (torch.ones(3, 4, dtype=torch.int32), torch.ones(4, 2, dtype=torch.int32), TypeError,
+     "float32 or float64"),
+])
+def test_matmul_bad_input(a, b, exc, match):
+    with pytest.raises(exc, match=match):
+        ops.matmul(a, b)
+
+
+def test_matmul_routed_and_unsupported_shapes_fall_back():
+    a, b, v = torch.randn(2, 3, 4), torch.randn(2, 4, 5), torch.randn(4)
+    with ortcpu_torch.kernels_enabled(fallback="silent") as mode:
+        y = a @ b
+        y2 = torch.matmul(a, v)  # 1-D operand: torch's matmul runs
+        y3 = torch.bmm(a, b)
+    torch.testing.assert_close(y, torch.matmul(a, b), **TOL32)
+    torch.testing.assert_close(y2, torch.matmul(a, v), rtol=0, atol=0)
+    torch.testing.assert_close(y3, torch.bmm(a, b), **TOL32)
+    funcs = {f["name"]: f for f in ortcpu_torch.report(mode, file=None).functionals}
+    assert funcs["Tensor.matmul"]["calls_ours"] == 1
+    assert funcs["torch.matmul"]["calls_torch"] == 1
+    assert funcs["torch.bmm"]["calls_ours"] == 1
