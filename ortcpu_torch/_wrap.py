@@ -148,6 +148,8 @@ MODULES: tuple[ModuleEntry, ...] = tuple(
     "AvgPool1d", "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool2d",
     # RNN / embedding (issue 6)
     "LSTM", "GRU", "Embedding",
+    # GEMM
+    "Linear",
 ))
 
 
@@ -163,6 +165,8 @@ def _s_rms_norm(input, normalized_shape, weight=None, eps=None): ...
 def _s_batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
                   momentum=0.1, eps=1e-5): ...
 def _s_dropout(input, p=0.5, training=True, inplace=False): ...
+def _s_linear(input, weight, bias=None): ...
+def _s_matmul(input, other): ...
 def _s_conv(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1): ...
 def _s_max_pool(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
                 return_indices=False): ...
@@ -217,6 +221,10 @@ def _funcs() -> list[FuncEntry]:
         ("F.rms_norm", getattr(F, "rms_norm", None), "rms_norm", _s_rms_norm),
         ("F.batch_norm", F.batch_norm, "batch_norm", _s_batch_norm),
         ("F.dropout", F.dropout, "dropout", _s_dropout),
+        ("F.linear", F.linear, "linear", _s_linear),
+        ("torch.matmul", torch.matmul, "matmul", _s_matmul),
+        ("Tensor.matmul", T.matmul, "matmul", _s_matmul),  # also the `@` operator
+        ("torch.bmm", torch.bmm, "matmul", _s_matmul),
         ("F.conv1d", F.conv1d, "conv1d", _s_conv),
         ("F.conv2d", F.conv2d, "conv2d", _s_conv),
         ("F.conv3d", F.conv3d, "conv3d", _s_conv),

@@ -170,7 +170,8 @@ def test_mlp_outputs_and_grads_match(dtype):
     _check_same(ref, model, mlp_loss, (x, y), dtype)
     rep = report(model, file=None)
     calls = {m["name"]: (m["calls_ours"], m["calls_torch"]) for m in rep.modules}
-    assert calls == {"act1": (2, 0), "act2": (2, 0), "softmax": (2, 0)}
+    assert calls == {"fc1": (2, 0), "act1": (2, 0), "fc2": (2, 0), "act2": (2, 0),
+                     "fc3": (2, 0), "softmax": (2, 0)}
 
 
 def test_functional_block_outputs_and_grads_match():
@@ -442,10 +443,10 @@ def test_fallback_warn_once_per_type_and_reason(dtype):
             out.sum().backward()
     msgs = [str(w.message) for w in rec if issubclass(w.category, FallbackWarning)]
     name = str(dtype).replace("torch.", "")
-    assert len(msgs) == 3, msgs  # GELU, LeakyReLU, Softmax: once each over 5 steps
+    assert len(msgs) == 4, msgs  # Linear, GELU, LeakyReLU, Softmax: once each over 5 steps
     assert all(f"dtype {name} has no kernel" in m for m in msgs)
     assert {m.split(" falls back")[0].rsplit(" ", 1)[-1] for m in msgs} == \
-        {"GELU", "LeakyReLU", "Softmax"}
+        {"Linear", "GELU", "LeakyReLU", "Softmax"}
     mods = report(model, file=None).modules
     assert all(m["calls_torch"] == 5 and m["calls_ours"] == 0 for m in mods)
     # the modules' torch fallback runs torch's forward as is: no functional is counted
@@ -457,7 +458,7 @@ def test_fallback_warn_once_per_type_and_reason(dtype):
         model(torch.randn(3, 20, device="meta"))
         model(torch.randn(3, 20, device="meta"))
     msgs = [str(w.message) for w in rec if issubclass(w.category, FallbackWarning)]
-    assert len(msgs) == 3 and all("meta tensor" in m for m in msgs)
+    assert len(msgs) == 4 and all("meta tensor" in m for m in msgs)
 
 
 def test_fallback_error_raises():
@@ -532,6 +533,7 @@ def test_fallback_under_autocast():
 
 def test_report_content(capsys):
     model = Normed()
+    model.unused = nn.Tanh()  # no counterpart: listed as running on torch
     opt = torch.optim.AdamW(model.parameters())
     model, opt = optimize(model, opt)
     model(mlp_data()[0])
@@ -544,8 +546,9 @@ def test_report_content(capsys):
     assert text.strip() == str(rep).strip()
     assert "mlp.act1" in text and "torch.nn.GELU -> ortcpu_torch.nn.GELU  1 / 1" in text
     assert "fell back 1x: dtype float16 has no kernel" in text
-    assert rep.torch_only == {"Linear": 3}
-    assert "Linear x3" in text
+    assert rep.torch_only == {"Tanh": 1}
+    assert "Tanh x1" in text
+    assert "torch.nn.Linear -> ortcpu_torch.nn.Linear  1 / 1" in text
     assert set(rep.functionals_available) >= {"F.gelu", "torch.softmax", "F.log_softmax",
                                               "F.leaky_relu"}
     assert set(rep.functionals_available) | set(rep.functionals_missing) == \
@@ -719,6 +722,7 @@ def _module_cases():
         "GRU": (lambda: nn.GRU(5, 6, num_layers=2), lambda: r(4, 3, 5)),
         "Embedding": (lambda: nn.Embedding(20, 6, padding_idx=0),
                       lambda: torch.randint(0, 20, (3, 5))),
+        "Linear": (lambda: nn.Linear(7, 5), lambda: r(2, 3, 7)),
     }
 
 

@@ -506,5 +506,11 @@ int ortcpu_matmul_f32(const float *a, const float *b, float *c, int64_t batch,
 int ortcpu_matmul_f64(const double *a, const double *b, double *c, int64_t batch,
                       const int64_t *a_off, const int64_t *b_off, int64_t m, int64_t n,
                       int64_t k, int64_t a_len, int64_t b_len, int nthreads);
+/* bmm: c[i] (m x n) = op(a[i]) . op(b[i]) over `batch` consecutive contiguous matrices;
+ * a[i] is stored m x k (k x m when trans_a), b[i] k x n (n x k when trans_b). */
+int ortcpu_bmm_f32(int trans_a, int trans_b, const float *a, const float *b, float *c,
+                   int64_t batch, int64_t m, int64_t n, int64_t k, int nthreads);
+int ortcpu_bmm_f64(int trans_a, int trans_b, const double *a, const double *b, double *c,
+                   int64_t batch, int64_t m, int64_t n, int64_t k, int nthreads);
 
 #endif

@@ -11,6 +11,22 @@
 #define ORT_BS_LANES 32
 #define ORT_BS_BLOCK 1024
 
+/* Sum of the 32 lanes in double as a tree (vertical adds, then 8 -> 1): a serial
+ * loop over the lanes is a ~130-cycle dependency chain, longer than summing a
+ * 768-element row. */
+#define ORT_BS_DEFINE_LANE_TOTAL(T, NAME)                                               \
+    static inline double NAME(const T *a)                                               \
+    {                                                                                   \
+        double h[8];                                                                    \
+        for (int k = 0; k < 8; k++)                                                     \
+            h[k] = ((double)a[k] + (double)a[k + 8]) + ((double)a[k + 16] + (double)a[k + 24]); \
+        return ((h[0] + h[1]) + (h[2] + h[3])) + ((h[4] + h[5]) + (h[6] + h[7]));       \
+    }
+ORT_BS_DEFINE_LANE_TOTAL(float, ort_bs_lane_total_f32)
+ORT_BS_DEFINE_LANE_TOTAL(double, ort_bs_lane_total_f64)
+#define ORT_BS_LANE_TOTAL(a)                                                            \
+    _Generic((a)[0], float: ort_bs_lane_total_f32, double: ort_bs_lane_total_f64)(a)
+
 /* s0 += sum EXPR0(i), s1 += sum EXPR1(i) for i in [0, n); s0, s1 are doubles */
 #define ORT_BLOCK_SUM2(T, n, s0, EXPR0, s1, EXPR1)                                      \
     do {                                                                                \
@@ -28,11 +44,7 @@
                     a1_[j_] += (EXPR1);                                                 \
                 }                                                                       \
             }                                                                           \
-            double t0_ = 0, t1_ = 0;                                                    \
-            for (int j_ = 0; j_ < ORT_BS_LANES; j_++) {                                 \
-                t0_ += a0_[j_];                                                         \
-                t1_ += a1_[j_];                                                         \
-            }                                                                           \
+            double t0_ = ORT_BS_LANE_TOTAL(a0_), t1_ = ORT_BS_LANE_TOTAL(a1_);          \
             for (int64_t i = i0_ + full_; i < i0_ + blk_; i++) {                        \
                 t0_ += (EXPR0);                                                         \
                 t1_ += (EXPR1);                                                         \
@@ -58,8 +70,7 @@
                     a0_[j_] += (EXPR0);                                                 \
                 }                                                                       \
             }                                                                           \
-            double t0_ = 0;                                                             \
-            for (int j_ = 0; j_ < ORT_BS_LANES; j_++) t0_ += a0_[j_];                   \
+            double t0_ = ORT_BS_LANE_TOTAL(a0_);                                        \
             for (int64_t i = i0_ + full_; i < i0_ + blk_; i++) t0_ += (EXPR0);          \
             (s0) += t0_;                                                                \
             i0_ += blk_;                                                                \
@@ -86,6 +97,7 @@
         }                                                                               \
         T r_ = -INFINITY;                                                               \
         int any_ = 0;                                                                   \
+        _Pragma("omp simd reduction(max : r_) reduction(| : any_)")                     \
         for (int j_ = 0; j_ < ORT_BS_LANES; j_++) {                                     \
             r_ = a_[j_] > r_ ? a_[j_] : r_;                                             \
             any_ |= nan_[j_];                                                           \

@@ -119,3 +119,25 @@ def Gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
         B.shape[1], b, ptr(Y), n, get_num_threads())
     check_status(st, op)
     return Y
+
+
+def bmm(op: str, a: torch.Tensor, b: torch.Tensor, trans_a: bool = False,
+        trans_b: bool = False) -> torch.Tensor:
+    """``[batch, m, n]`` = op(a[i]) · op(b[i]) for contiguous 3-D ``a`` (``[batch, m, k]``,
+    ``[batch, k, m]`` when ``trans_a``) and ``b`` (``[batch, k, n]``, ``[batch, n, k]`` when
+    ``trans_b``) of one float dtype. Not a registry op: the front ends' batched matmul."""
+    a = float_input(op, "a", a)
+    b = float_input(op, "b", b)
+    same_dtype(op, "a", a, "b", b)
+    if a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0]:
+        raise ValueError(f"{op}: a and b must be 3-D with the same batch size, got "
+                         f"{fmt_shape(a)} and {fmt_shape(b)}")
+    m, k = (a.shape[2], a.shape[1]) if trans_a else (a.shape[1], a.shape[2])
+    k2, n = (b.shape[2], b.shape[1]) if trans_b else (b.shape[1], b.shape[2])
+    if k != k2:
+        raise ValueError(f"{op}: inner dims differ: op(a) is [{m}, {k}], op(b) is [{k2}, {n}]")
+    y = empty((a.shape[0], m, n), a.dtype)
+    st = native_fn("bmm", a.dtype)(int(trans_a), int(trans_b), ptr(a), ptr(b), ptr(y),
+                                   a.shape[0], m, n, k, get_num_threads())
+    check_status(st, op)
+    return y

@@ -2,6 +2,7 @@
 
 from .activations import GELU, LeakyReLU, LogSoftmax, Softmax
 from .conv import Conv1d, Conv2d, Conv3d
+from .linear import Linear
 from .norm import (
     BatchNorm1d,
     BatchNorm2d,
@@ -29,4 +30,5 @@ __all__ += ["LayerNorm", "RMSNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d",
             "CrossEntropyLoss", "Dropout"]
 __all__ += ["Conv1d", "Conv2d", "Conv3d", "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d",
             "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool2d"]
+__all__ += ["Linear"]
 __all__ += ["Embedding", "FakeQuantize", "LSTM", "GRU"]

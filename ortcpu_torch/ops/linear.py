@@ -1,0 +1,119 @@
+"""GEMM front ends on OpenBLAS, only the gradients autograd asks for computed:
+
+- ``linear`` (``torch.nn.functional.linear``'s signature) on the ``Gemm`` kernel: forward
+  ``Y = X·Wᵀ + b``; backward ``dX = dY·W``, ``dW = dYᵀ·X`` and ``db`` = the column sums
+  of dY (``ReduceSumTraining``, accumulated in double);
+- ``matmul`` (``torch.matmul`` for the shapes attention and MLP code use) on a batched
+  GEMM that reads transposed operands in place (``k.transpose(-2, -1)`` is not copied).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..kernels import gemm as KG
+from ..kernels import tensor as KT
+from .activations import once_differentiable
+
+
+class _Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        x2 = x.reshape(x.shape[:-1].numel(), x.shape[-1])
+        y = KG.Gemm(x2, weight, bias, transB=1)
+        ctx.save_for_backward(x2, weight)
+        ctx.x_shape, ctx.has_bias = x.shape, bias is not None
+        return y.view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        x2, weight = ctx.saved_tensors
+        dy2 = dy.reshape(x2.shape[0], weight.shape[0])
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = KG.Gemm(dy2, weight).view(ctx.x_shape)
+        if ctx.needs_input_grad[1]:
+            dw = KG.Gemm(dy2, x2, transA=1)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = KT.ReduceSumTraining(dy2, [0], keepdims=0)
+        return dx, dw, db
+
+
+def linear(input: torch.Tensor, weight: torch.Tensor,
+           bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Like ``torch.nn.functional.linear``: ``input`` [..., in_features], ``weight``
+    [out_features, in_features], ``bias`` [out_features] or None; float32 or float64."""
+    op = "linear"
+    for name, t in (("input", input), ("weight", weight), ("bias", bias)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if weight.dim() != 2:
+        raise ValueError(f"{op}: weight must be 2-D [out_features, in_features], got shape "
+                         f"{list(weight.shape)}")
+    if input.dim() < 1 or input.shape[-1] != weight.shape[1]:
+        raise ValueError(f"{op}: input's last dim must be in_features={weight.shape[1]}, got "
+                         f"shape {list(input.shape)}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"{op}: bias must have shape [{weight.shape[0]}], got "
+                         f"{list(bias.shape)}")
+    return _Linear.apply(input, weight, bias)
+
+
+def _base(t: torch.Tensor, batch: int) -> tuple[torch.Tensor, bool]:
+    """``(b, transposed)`` with ``b`` a contiguous ``[batch, *, *]`` tensor such that
+    op(b[i]) is matrix i of ``t``; a transposed view of contiguous data is not copied."""
+    r, c = t.shape[-2], t.shape[-1]
+    if t.is_contiguous():
+        return t.reshape(batch, r, c), False
+    tt = t.transpose(-2, -1)
+    if tt.is_contiguous():
+        return tt.reshape(batch, c, r), True
+    return t.contiguous().reshape(batch, r, c), False
+
+
+class _MatMul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        if b.dim() == 2:  # [..., m, k] @ [k, n]: one GEMM over the flattened rows
+            a3, ta = _base(a, 1) if a.dim() == 2 else (
+                a.reshape(1, a.shape[:-1].numel(), a.shape[-1]), False)
+            b3, tb = _base(b, 1)
+        else:
+            batch = a.shape[:-2].numel()
+            (a3, ta), (b3, tb) = _base(a, batch), _base(b, batch)
+        y = KG.bmm("matmul", a3, b3, ta, tb)
+        ctx.save_for_backward(a3, b3)
+        ctx.ta, ctx.tb, ctx.a_shape, ctx.b_shape = ta, tb, a.shape, b.shape
+        return y.view(*a.shape[:-1], b.shape[-1])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        a3, b3 = ctx.saved_tensors
+        m = a3.shape[2] if ctx.ta else a3.shape[1]
+        dy3 = dy.reshape(a3.shape[0], m, dy.shape[-1])
+        da = db = None
+        if ctx.needs_input_grad[0]:  # dA = dY . Bᵀ
+            da = KG.bmm("matmul", dy3, b3, False, not ctx.tb).view(ctx.a_shape)
+        if ctx.needs_input_grad[1]:  # dB = Aᵀ . dY
+            db = KG.bmm("matmul", a3, dy3, not ctx.ta, False).view(ctx.b_shape)
+        return da, db
+
+
+def matmul(input: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """Like ``torch.matmul`` for ``[..., m, k] @ [k, n]`` and for two tensors of rank >= 3
+    with the same batch dims (``[..., m, k] @ [..., k, n]``, attention's ``q @ kᵀ``);
+    float32 or float64. Other shapes (1-D operands, broadcast batch dims) raise
+    ValueError — ``wrap`` then runs torch's matmul."""
+    op = "matmul"
+    for name, t in (("input", input), ("other", other)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if input.dim() < 2 or other.dim() < 2 or (other.dim() > 2 and (
+            input.dim() != other.dim() or input.shape[:-2] != other.shape[:-2])):
+        raise ValueError(f"{op}: shapes {list(input.shape)} and {list(other.shape)} are not "
+                         f"implemented (needs [..., m, k] @ [k, n] or equal batch dims)")
+    if input.shape[-1] != other.shape[-2]:
+        raise ValueError(f"{op}: inner dims differ: {list(input.shape)} @ {list(other.shape)}")
+    return _MatMul.apply(input, other)
