@@ -11,10 +11,10 @@
  *   one im2col GEMM, 2.25x (F(2x2)) or 4x (F(4x4)) fewer multiply-adds. dX is the same
  *   forward convolution of dY with the kernel rotated by 180 degrees, channels swapped
  *   and pads 2 - p; dW comes from dU_xi += (A dY A^T)_xi . (B^T x B)_xi^T over the same
- *   tiles, dW = G^T dU G. Auto picks Winograd when C >= 8, M >= 8 and there are at least
- *   max(C, M) 2x2 tiles (measured per shape against im2col: 1.2-2x faster there; a 1- or
- *   3-channel first layer and few tiles against many channels lose), and F(4x4) among
- *   the two when its tiles cover the output tightly (see conv_wino_tile). float32 error
+ *   tiles, dW = G^T dU G. Auto picks Winograd when C >= 8, M >= 4 and there are at least
+ *   max(C, M) 2x2 tiles (measured per shape against im2col: 1.2-2.4x faster there; a 1-
+ *   or 3-channel first layer and few tiles against many channels lose), and F(4x4) among
+ *   the two unless its 4x4 tiles hang far over the edge (see conv_wino_tile). float32 error
  *   vs a float64 reference (max|err|/max|ref|): F(2x2) <= 7e-7 like im2col and oneDNN,
  *   F(4x4) <= 1.1e-5. Forced with algorithm 2 / 3 (tests compare all paths).
  * - im2col / col2im + one GEMM per sample and group for everything else.
@@ -105,13 +105,13 @@ static int conv_wino_fits(const conv_geom *q)
            q->d[0] == 1 && q->d[1] == 1 && q->d[2] == 1;
 }
 
-/* Where it pays (measured, see the note at the top): enough channels on both sides for
- * the 16 GEMMs to dominate the transforms (with 1 or 3 input channels, a network's first
- * layer, im2col's single GEMM wins 1.3-4x), and at least as many 2x2 output tiles as
- * channels (few tiles against many channels, e.g. N4 256->256 on 7x7, leave the GEMMs
- * too narrow to pay for the transformed-kernel traffic: 0.6-0.9x there). */
+/* Where Winograd pays (measured per shape against im2col, 1 thread, forward + backward):
+ * at least 8 input and 4 output channels (1-3 input channels, a network's first layer:
+ * im2col's single GEMM is 1.5-4x faster; 4 in -> 16 out on 14x14: 0.86x), and at least
+ * as many 2x2 output tiles as channels on either side (few tiles against many channels,
+ * e.g. N4 256->256 on 7x7, leave the GEMMs too narrow: ~1.0x). */
 #define WINO_MIN_C 8
-#define WINO_MIN_M 8
+#define WINO_MIN_M 4
 static int conv_wino_pays(const conv_geom *q)
 {
     int64_t tiles = q->n * ((q->out[1] + 1) / 2) * ((q->out[2] + 1) / 2);
@@ -126,15 +126,17 @@ static int conv_wino_tile(const conv_geom *q)
     if (q->algo == CONV_ALGO_WINOGRAD2) return 2;
     if (q->algo == CONV_ALGO_WINOGRAD4) return 4;
     if (!conv_wino_pays(q)) return 0;
-    /* F(4x4) when its GEMM work, 36 per 4x4 tile, is at most 0.6x F(2x2)'s, 16 per 2x2
-     * tile (output sides of 7, 8, 12, 28, 56, ...: measured 1.1-1.3x faster than F(2x2)
-     * there); where the 4x4 tiles hang far over the edge (14x14: 0.73x, equal speed;
-     * 5x5, 6x6: 1.0x, F(2x2) 1.4x faster) or the output is tiny, F(2x2), which is also
-     * the more accurate one. */
+    /* F(4x4) when its GEMM work, 36 per 4x4 tile, is at most 0.85x F(2x2)'s, 16 per 2x2
+     * tile, and it still has as many tiles as channels: 1.1-1.5x faster than F(2x2) on
+     * output sides 7, 9, 10, 12, 14, 28 (measured); F(2x2) where 4x4 tiles hang over the
+     * edge (5x5, 6x6: 1.15x faster than F(4x4)), for tiny outputs, and for few images
+     * against many channels (N8 256->256 on 14x14: 1.15x). */
     int64_t oh = q->out[1], ow = q->out[2];
-    double w2 = 16.0 * (double)((oh + 1) / 2) * (double)((ow + 1) / 2);
-    double w4 = 36.0 * (double)((oh + 3) / 4) * (double)((ow + 3) / 4);
-    return oh >= 6 && ow >= 6 && w4 <= 0.6 * w2 ? 4 : 2;
+    int64_t t2 = ((oh + 1) / 2) * ((ow + 1) / 2), t4 = ((oh + 3) / 4) * ((ow + 3) / 4);
+    int64_t tiles4 = q->n * t4;
+    if (36.0 * (double)t4 <= 0.85 * 16.0 * (double)t2 && tiles4 >= q->c && tiles4 >= q->m)
+        return 4;
+    return 2;
 }
 
 /* One Winograd convolution: x [n, c, ih, iw] -> y [n, m, oh, ow], y[o] = sum x[o + k - p]

@@ -3,7 +3,7 @@
 honoured (ORT 1.19.2's ConvGrad ignores it; we do not). float32 and float64.
 
 Lowering (native/src/conv.c): 2-D 3x3 convolutions with stride 1, dilation 1, one group
-and at least 8 input and 8 output channels run as Winograd F(2x2, 3x3) or F(4x4, 3x3)
+and at least 8 input and 4 output channels run as Winograd F(2x2, 3x3) or F(4x4, 3x3)
 (GEMMs per block of output tiles; dX is the Winograd forward of dY with the rotated
 kernel); everything else as im2col / col2im. GEMMs on single-threaded OpenBLAS, the work
 split over our OpenMP threads (see ``kernels/gemm.py`` for the thread decision).
