@@ -10,8 +10,9 @@ OpenBLAS picks its kernels at load time: ``OPENBLAS_CORETYPE`` if set, else its 
 detection. ``ORTCPU_OPENBLAS_CORETYPE`` overrides that for our private OpenBLAS copy only
 (set it before importing ortcpu_torch): ``auto`` ignores ``OPENBLAS_CORETYPE`` and lets
 OpenBLAS detect the CPU, any other value names the core (e.g. ``SkylakeX``). Where a
-machine-wide ``OPENBLAS_CORETYPE=Haswell`` holds an AVX-512 CPU on AVX2 kernels, sgemm on our
-conv and RNN shapes measured ~3x slower.
+machine-wide ``OPENBLAS_CORETYPE=Haswell`` holds an AVX-512 CPU on AVX2 kernels, sgemm runs
+at about half the speed it could (README, "OpenBLAS core type"; that setting, with
+``OPENBLAS_L2_SIZE``, is also the workaround for an OpenBLAS 0.3.34 bug on AMD Zen 4/5).
 """
 
 import ctypes
