@@ -27,6 +27,18 @@ def set_threads(n: int) -> None:
     ortcpu_torch.set_num_threads(n)
 
 
+def timed(fn, reps: int, warmup: int = 2) -> list[float]:
+    """Seconds of each of ``reps`` calls of ``fn`` after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
 def quantiles(samples: list[float]) -> dict:
     """Median and quartiles (same unit as ``samples``)."""
     s = sorted(samples)

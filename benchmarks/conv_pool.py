@@ -26,6 +26,8 @@ import ortcpu_torch
 from ortcpu_torch import ops
 from ortcpu_torch._native import lib
 
+from ._util import timed
+
 TARGETS = {"conv2d N32 C64->64 28x28 k3": 1.0, "conv2d N64 C3->32 32x32 k3": 1.0,
            "max_pool2d 2x2 32x64x56x56": 3.0, "avg_pool2d 2x2 32x64x56x56": 2.0}
 
@@ -102,14 +104,7 @@ def bench(threads: int, reps: int, blas_compare: bool, cpu_time: bool = False) -
         if blas_compare and name.startswith("conv"):
             ortcpu_torch.set_num_threads(1)
             lib.ortcpu_blas_set_num_threads(threads)
-            for _ in range(3):
-                of()
-            tb = []
-            for _ in range(reps):
-                t = time.perf_counter()
-                of()
-                tb.append(time.perf_counter() - t)
-            tb.sort()
+            tb = sorted(timed(of, reps, warmup=3))
             lib.ortcpu_blas_set_num_threads(1)
             ortcpu_torch.set_num_threads(threads)
             print(f"{'':32s} ours with OpenBLAS threads={threads}, OpenMP 1: "

@@ -18,14 +18,13 @@ import argparse
 import os
 import statistics
 import tempfile
-import time
 
 import cffi
 import torch
 
 from ortcpu_torch._native import lib, ptr
 
-from ._util import ForeignLoad, machine_info, set_threads, write_results
+from ._util import ForeignLoad, machine_info, set_threads, timed, write_results
 
 _FMA_SRC = r"""
 #include <immintrin.h>
@@ -66,24 +65,11 @@ def _fma_lib():
 
 def _best_rate(fn, flops: float, reps: int) -> float:
     """Highest GFLOP/s of ``reps`` timed calls (peaks: the best run is the machine's)."""
-    fn()
-    best = 0.0
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        best = max(best, flops / (time.perf_counter() - t) / 1e9)
-    return best
+    return flops / min(timed(fn, reps, warmup=1)) / 1e9
 
 
 def _median_rate(fn, flops: float, reps: int) -> float:
-    for _ in range(2):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return flops / statistics.median(ts) / 1e9
+    return flops / statistics.median(timed(fn, reps)) / 1e9
 
 
 def main(argv=None) -> None:

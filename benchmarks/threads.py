@@ -236,6 +236,8 @@ def contention(quick: bool) -> list[dict]:
     import ortcpu_torch
     from ortcpu_torch._native import ffi, lib, ptr
 
+    from ._util import timed
+
     rows = []
     for n in (1 << 16, 1 << 20, 1 << 23):
         x, y = torch.randn(n), torch.empty(n)
@@ -249,13 +251,7 @@ def contention(quick: bool) -> list[dict]:
                 "torch": partial(torch.ops.aten.gelu.out, x, out=y),
             }
             for impl, f in fns.items():
-                for _ in range(5):
-                    f()
-                samples = []
-                for _ in range(calls):
-                    t0 = time.perf_counter()
-                    f()
-                    samples.append((time.perf_counter() - t0) * 1e6)
+                samples = [t * 1e6 for t in timed(f, calls, warmup=5)]
                 rows.append({"n": n, "impl": impl, "threads": nthreads,
                              "median_us": round(statistics.median(samples), 2),
                              "mean_us": round(statistics.fmean(samples), 2)})
