@@ -29,7 +29,7 @@ from collections import deque
 
 import torch
 
-from ..kernels._checks import cpu_tensor
+from ..kernels._checks import cpu_tensor, int_attr
 
 MAGIC = 0x4F52_5443  # "ORTC"
 VERSION = 1
@@ -127,13 +127,7 @@ def max_tag() -> int:
 
 def check_peer(op: str, name: str, peer) -> int:
     """Validate a remote rank: an int in range, not our own rank."""
-    if isinstance(peer, torch.Tensor):
-        if peer.numel() != 1 or peer.dtype.is_floating_point or peer.dtype == torch.bool:
-            raise TypeError(f"{op}: {name} must be an integer scalar, got a "
-                            f"{dtype_name(peer.dtype)} tensor of shape {shape_str(peer.shape)}")
-        peer = int(peer.item())
-    if isinstance(peer, bool) or not isinstance(peer, int):
-        raise TypeError(f"{op}: {name} must be an int rank, got {type(peer).__name__}")
+    peer = int_attr(op, name, peer)
     size, me = world_size(), rank()
     if peer == me:
         raise ValueError(f"{op}: {name}={peer} is this process's own rank; point-to-point "

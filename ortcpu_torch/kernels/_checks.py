@@ -31,6 +31,28 @@ def fmt_shape(t: torch.Tensor) -> str:
     return "(" + ", ".join(str(s) for s in t.shape) + ("," if t.dim() == 1 else "") + ")"
 
 
+def float_attr(op: str, name: str, value) -> float:
+    """A float attribute (an int is accepted, a bool is not), or a TypeError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{op}: {name} must be a float, got {type(value).__name__}")
+    return float(value)
+
+
+def int_attr(op: str, name: str, value, allowed=None) -> int:
+    """An int attribute (a one-element integer tensor is accepted, a bool is not), or a
+    TypeError naming it; ``allowed`` restricts the values (ValueError)."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.dtype.is_floating_point or value.dtype == torch.bool:
+            raise TypeError(f"{op}: {name} must be an integer scalar, got {value.dtype} "
+                            f"{fmt_shape(value)}")
+        value = int(value.item())
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{op}: {name} must be an int, got {type(value).__name__}")
+    if allowed is not None and value not in allowed:
+        raise ValueError(f"{op}: {name} must be one of {sorted(allowed)}, got {value}")
+    return value
+
+
 def cpu_tensor(op: str, name: str, t) -> torch.Tensor:
     """``t`` itself if it is a dense CPU torch.Tensor, else a TypeError naming it."""
     if not isinstance(t, torch.Tensor):

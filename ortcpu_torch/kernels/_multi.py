@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from .._native import ffi
-from ._checks import FLOATS, fmt_shape
+from ._checks import FLOATS, cpu_tensor, fmt_shape
 
 _PTR_ARRAY = {torch.float32: "float *[]", torch.float64: "double *[]"}
 
@@ -38,12 +38,7 @@ def tensor_seq(op: str, name: str, seq, dtypes=FLOATS, *, allow_empty: bool = Fa
     out = []
     dtype = None
     for i, t in enumerate(seq):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{op}: {name}[{i}] must be a torch.Tensor, got {type(t).__name__}")
-        if t.device.type != "cpu":
-            raise TypeError(f"{op}: {name}[{i}] must be a CPU tensor, got device {t.device}")
-        if t.layout != torch.strided:
-            raise TypeError(f"{op}: {name}[{i}] must be a dense tensor, got {t.layout}")
+        t = cpu_tensor(op, f"{name}[{i}]", t)
         if t.dtype not in dtypes:
             allowed = " or ".join(str(d).replace("torch.", "") for d in dtypes)
             raise TypeError(f"{op}: {name}[{i}] must be {allowed}, got "

@@ -31,14 +31,6 @@ def int_list(op: str, name: str, value, n: int, default: int, minimum: int) -> l
     return vals
 
 
-def int_attr(op: str, name: str, value, allowed=None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{op}: {name} must be an int, got {type(value).__name__}")
-    if allowed is not None and value not in allowed:
-        raise ValueError(f"{op}: {name} must be one of {sorted(allowed)}, got {value}")
-    return value
-
-
 def auto_pad_attr(op: str, auto_pad) -> str:
     if isinstance(auto_pad, bytes):
         auto_pad = auto_pad.decode()

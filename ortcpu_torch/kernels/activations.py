@@ -13,6 +13,7 @@ import torch
 from .._native import empty_like, native_fn, ptr
 from ._checks import (
     check_status,
+    float_attr,
     float_input,
     fmt_shape,
     get_num_threads,
@@ -23,12 +24,6 @@ from ._checks import (
 from ._registry import register
 
 _ACT = {"Relu": 0, "Sigmoid": 1, "Tanh": 2, "QuickGelu": 3, "LeakyRelu": 4}
-
-
-def _float_attr(op: str, name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{op}: {name} must be a float, got {type(value).__name__}")
-    return float(value)
 
 
 # ---- GELU family: one native pair serves all seven ORT ops ---------------------
@@ -180,13 +175,13 @@ def Tanh(X):
 @register
 def QuickGelu(X, alpha=1.702):
     """com.microsoft QuickGelu: ``X·σ(alpha·X)``. Attribute alpha (1.702). Output: Y."""
-    return act_forward("QuickGelu", X, _float_attr("QuickGelu", "alpha", alpha))
+    return act_forward("QuickGelu", X, float_attr("QuickGelu", "alpha", alpha))
 
 
 @register
 def LeakyRelu(X, alpha=0.01):
     """ONNX LeakyRelu: ``X if X > 0 else alpha·X``. Attribute alpha (0.01). Output: Y."""
-    return act_forward("LeakyRelu", X, _float_attr("LeakyRelu", "alpha", alpha))
+    return act_forward("LeakyRelu", X, float_attr("LeakyRelu", "alpha", alpha))
 
 
 @register
@@ -211,7 +206,7 @@ def TanhGrad(dY, Y):
 def QuickGeluGrad(dY, X, alpha=1.702):
     """com.microsoft QuickGeluGrad: ``dY·s·(1 + alpha·X·(1-s))``, s = σ(alpha·X).
     Inputs: dY, X (forward input). Attribute alpha (1.702). Output: dX."""
-    a = _float_attr("QuickGeluGrad", "alpha", alpha)
+    a = float_attr("QuickGeluGrad", "alpha", alpha)
     return act_backward("QuickGeluGrad", "QuickGelu", dY, X, "X", a)
 
 
@@ -219,7 +214,7 @@ def QuickGeluGrad(dY, X, alpha=1.702):
 def LeakyReluGrad(dY, Y, alpha=0.01):
     """com.microsoft LeakyReluGrad: ``dY if Y > 0 else alpha·dY``; Y is the forward
     *output*. Attribute alpha (0.01). Output: dX."""
-    a = _float_attr("LeakyReluGrad", "alpha", alpha)
+    a = float_attr("LeakyReluGrad", "alpha", alpha)
     return act_backward("LeakyReluGrad", "LeakyRelu", dY, Y, "Y", a)
 
 

@@ -12,6 +12,7 @@ import torch
 from .._native import empty_like, native_fn, ptr
 from ._checks import (
     check_status,
+    float_attr,
     float_input,
     fmt_shape,
     get_num_threads,
@@ -20,12 +21,6 @@ from ._checks import (
     select_outputs,
 )
 from ._registry import register
-
-
-def _float_attr(op: str, name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{op}: {name} must be a float, got {type(value).__name__}")
-    return float(value)
 
 
 def ncs(op: str, x: torch.Tensor, name: str = "X") -> tuple[int, int, int]:
@@ -55,7 +50,7 @@ def bn_train_forward(op: str, x, scale, bias, eps: float, names=("X", "scale", "
     n, c, s = ncs(op, x, names[0])
     scale = channel_vec(op, names[1], scale, x, c, names[0])
     bias = channel_vec(op, names[2], bias, x, c, names[0])
-    eps = _float_attr(op, "epsilon", eps)
+    eps = float_attr(op, "epsilon", eps)
     if not eps >= 0:
         raise ValueError(f"{op}: epsilon must be >= 0, got {eps}")
     y = empty_like(x)
@@ -90,7 +85,7 @@ def bn_eval_forward(op: str, x, scale, bias, mean, var, eps: float,
     bias = channel_vec(op, names[2], bias, x, c, names[0])
     mean = channel_vec(op, names[3], mean, x, c, names[0], cast=True)
     var = channel_vec(op, names[4], var, x, c, names[0], cast=True)
-    eps = _float_attr(op, "epsilon", eps)
+    eps = float_attr(op, "epsilon", eps)
     inv = torch.rsqrt(var.double() + eps)
     a = inv * (scale.double() if scale is not None else 1.0)
     b = (bias.double() if bias is not None else 0.0) - mean.double() * a
@@ -158,7 +153,7 @@ def BatchNormInternal(X, scale, B, input_mean, input_var, *, epsilon: float = 1e
     Unlike ORT, input_mean / input_var are not updated in place: the new running
     statistics are returned."""
     op = "BatchNormInternal"
-    momentum = _float_attr(op, "momentum", momentum)
+    momentum = float_attr(op, "momentum", momentum)
     if not _training_mode(op, training_mode):
         return bn_eval_forward(op, X, scale, B, input_mean, input_var, epsilon)
     _check_stats(op, X, input_mean, input_var)
@@ -174,7 +169,7 @@ def BatchNormalization(X, scale, B, input_mean, input_var, *, epsilon: float = 1
     Inference (default): Y from the given statistics. training_mode=1: Y from batch
     statistics plus running_mean, running_var (``momentum·input + (1-momentum)·batch``)."""
     op = "BatchNormalization"
-    momentum = _float_attr(op, "momentum", momentum)
+    momentum = float_attr(op, "momentum", momentum)
     if not _training_mode(op, training_mode):
         return bn_eval_forward(op, X, scale, B, input_mean, input_var, epsilon)
     _check_stats(op, X, input_mean, input_var)
@@ -190,7 +185,7 @@ def BatchNormalizationGrad(dY, X, scale, mean, variance, *, epsilon: float = 1e-
     batch mean), variance (**the saved inverse std**, as ORT's builder passes it).
     Outputs: X_grad, scale_grad, bias_grad. ``epsilon`` is ignored (as in ORT)."""
     op = "BatchNormalizationGrad"
-    _float_attr(op, "epsilon", epsilon)
+    float_attr(op, "epsilon", epsilon)
     if scale is None:
         raise TypeError(f"{op}: scale is required")
     return select_outputs(op, bn_backward(op, dY, X, scale, mean, variance, True), needs)

@@ -21,11 +21,12 @@ from ._checks import (
     float_input,
     fmt_shape,
     get_num_threads,
+    int_attr,
     same_dtype,
     select_outputs,
 )
 from ._registry import register
-from ._spatial import auto_pad_attr, int_attr, int_list, pad3, resolve_pads, spatial_rank
+from ._spatial import auto_pad_attr, int_list, pad3, resolve_pads, spatial_rank
 
 ALGOS = {"auto": 0, "im2col": 1, "winograd2": 2, "winograd4": 3}
 

@@ -37,24 +37,24 @@ def norm_multi(tensors, p: float = 2.0, op: str = "norm_multi") -> float:
     return out[0]
 
 
-def scale_multi(xs, ys, factor: float, op: str = "scale_multi") -> None:
-    """ys[i] = xs[i] * factor (ys may be xs: in place)."""
+def _xy_multi(kernel: str, xs, ys, scalar: float, op: str) -> None:
+    """One native call of ``kernel`` (x list, y list, sizes, count, scalar) over a group."""
     if not xs:
         return
     dt = xs[0].dtype
-    st = native_fn("scale_multi", dt)(ptr_array(xs, dt), ptr_array(ys, dt), size_array(xs),
-                                      len(xs), float(factor), get_num_threads())
+    st = native_fn(kernel, dt)(ptr_array(xs, dt), ptr_array(ys, dt), size_array(xs), len(xs),
+                               float(scalar), get_num_threads())
     check_status(st, op)
+
+
+def scale_multi(xs, ys, factor: float, op: str = "scale_multi") -> None:
+    """ys[i] = xs[i] * factor (ys may be xs: in place)."""
+    _xy_multi("scale_multi", xs, ys, factor, op)
 
 
 def axpy_multi(xs, ys, alpha: float = 1.0, op: str = "axpy_multi") -> None:
     """ys[i] += alpha * xs[i]."""
-    if not xs:
-        return
-    dt = xs[0].dtype
-    st = native_fn("axpy_multi", dt)(ptr_array(xs, dt), ptr_array(ys, dt), size_array(xs),
-                                     len(xs), float(alpha), get_num_threads())
-    check_status(st, op)
+    _xy_multi("axpy_multi", xs, ys, alpha, op)
 
 
 def all_finite_multi(xs, check_inf: bool = True, check_nan: bool = True,

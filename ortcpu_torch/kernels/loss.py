@@ -25,6 +25,7 @@ from ._checks import (
     float_input,
     fmt_shape,
     get_num_threads,
+    int_attr,
     same_dtype,
     same_shape,
     select_outputs,
@@ -39,17 +40,6 @@ def _reduction(op: str, reduction) -> str:
     if reduction not in REDUCTIONS:
         raise ValueError(f"{op}: reduction must be 'none', 'sum' or 'mean', got {reduction!r}")
     return reduction
-
-
-def _int_attr(op: str, name: str, v) -> int:
-    if isinstance(v, torch.Tensor):
-        if v.numel() != 1 or v.dtype.is_floating_point or v.dtype == torch.bool:
-            raise TypeError(f"{op}: {name} must be an integer scalar, got {v.dtype} "
-                            f"{fmt_shape(v)}")
-        v = int(v.item())
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"{op}: {name} must be an int, got {type(v).__name__}")
-    return v
 
 
 def layout(op: str, x: torch.Tensor, class_axis: int, name: str = "scores"):
@@ -212,7 +202,7 @@ def _sce_loss(op, scores, labels, weights, reduction, ignore_index, needs, n_out
     reduction = _reduction(op, reduction)
     x = float_input(op, "scores", scores)
     n, c, d, sshape = layout(op, x, 1)
-    ig = -1 if ignore_index is None else _int_attr(op, "ignore_index", ignore_index)
+    ig = -1 if ignore_index is None else int_attr(op, "ignore_index", ignore_index)
     lab = labels_input(op, "labels", labels, sshape, c, ig)
     w = _class_weight(op, "weights", weights, x, c)
     want_lp = needs is None or len(needs) != 2 or bool(needs[1])
@@ -260,7 +250,7 @@ def _sce_loss_grad(op, dY, log_prob, label, weight, reduction, ignore_index, bia
     reduction = _reduction(op, reduction)
     lp = float_input(op, "log_prob", log_prob)
     n, c, d, sshape = layout(op, lp, 1, "log_prob")
-    ig = -1 if ignore_index is None else _int_attr(op, "ignore_index", ignore_index)
+    ig = -1 if ignore_index is None else int_attr(op, "ignore_index", ignore_index)
     lab = labels_input(op, "label", label, sshape, c, ig)
     w = _class_weight(op, "weight", weight, lp, c)
     wsum = _label_wsum(lab, w, ig) if reduction == "mean" else 0.0
@@ -300,6 +290,17 @@ def SoftmaxCrossEntropyLossInternalGrad(dY, log_prob, label, weight=None, ignore
 # ---- com.microsoft SoftmaxCrossEntropy (dense labels) ------------------------------------
 
 
+def _with_dense_label(op: str, name: str, t, label):
+    """``t`` ([..., C] scores or log-probabilities) and its dense ``label`` of the same
+    shape and dtype: (t, label, rows, row shape)."""
+    t = float_input(op, name, t)
+    lab = float_input(op, "label", label)
+    same_dtype(op, name, t, "label", lab)
+    same_shape(op, name, t, "label", lab)
+    n, _, _, sshape = layout(op, t, -1, name)
+    return t, lab, n, sshape
+
+
 @register
 def SoftmaxCrossEntropy(logits, label, *, reduction: str = "mean", needs=None):
     """com.microsoft SoftmaxCrossEntropy: dense (one-hot / soft) labels of the logits' shape
@@ -308,11 +309,7 @@ def SoftmaxCrossEntropy(logits, label, *, reduction: str = "mean", needs=None):
     returns ``+Σ`` as a scalar, a bug)."""
     op = "SoftmaxCrossEntropy"
     reduction = _reduction(op, reduction)
-    x = float_input(op, "logits", logits)
-    lab = float_input(op, "label", label)
-    same_dtype(op, "logits", x, "label", lab)
-    same_shape(op, "logits", x, "label", lab)
-    n, c, d, sshape = layout(op, x, -1, "logits")
+    x, lab, n, sshape = _with_dense_label(op, "logits", logits, label)
     want_lp = needs is None or len(needs) != 2 or bool(needs[1])
     r = sce_forward(op, x, None, dense=lab, want_loss=reduction == "none",
                     want_log_prob=want_lp, class_axis=-1)
@@ -331,11 +328,7 @@ def SoftmaxCrossEntropyGrad(dY, log_prob, label, *, reduction: str = "mean"):
     assumes Σlabel = 1)."""
     op = "SoftmaxCrossEntropyGrad"
     reduction = _reduction(op, reduction)
-    lp = float_input(op, "log_prob", log_prob)
-    lab = float_input(op, "label", label)
-    same_dtype(op, "log_prob", lp, "label", lab)
-    same_shape(op, "log_prob", lp, "label", lab)
-    n, c, d, sshape = layout(op, lp, -1, "log_prob")
+    lp, lab, n, sshape = _with_dense_label(op, "log_prob", log_prob, label)
     dy, g = _scale_ort(op, dY, lp, reduction, 0.0, sshape)
     if reduction == "mean" and n:
         g /= n

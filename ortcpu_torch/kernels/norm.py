@@ -14,6 +14,7 @@ import torch
 from .._native import empty_like, native_fn, ptr
 from ._checks import (
     check_status,
+    float_attr,
     float_input,
     fmt_shape,
     get_num_threads,
@@ -26,12 +27,6 @@ from ._registry import register
 
 #: ONNX TensorProto element types accepted for ``stash_type``
 _STASH = {1: torch.float32, 11: torch.float64}
-
-
-def _float_attr(op: str, name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{op}: {name} must be a float, got {type(value).__name__}")
-    return float(value)
 
 
 def _stash(op: str, stash_type) -> torch.dtype:
@@ -77,7 +72,7 @@ def layernorm_forward(op: str, x, scale, bias, eps: float, axis: int, simplified
     x = float_input(op, names[0], x)
     if x.dim() == 0:
         raise ValueError(f"{op}: {names[0]} must have rank >= 1, got shape ()")
-    eps = _float_attr(op, "epsilon", eps)
+    eps = float_attr(op, "epsilon", eps)
     if not eps >= 0:
         raise ValueError(f"{op}: epsilon must be >= 0, got {eps}")
     axis, rows, cols = rows_cols(op, x, axis)

@@ -24,11 +24,12 @@ from ._checks import (
     float_input,
     fmt_shape,
     get_num_threads,
+    int_attr,
     same_dtype,
     select_outputs,
 )
 from ._registry import register
-from ._spatial import auto_pad_attr, int_attr, int_list, pad3, resolve_pads, spatial_rank
+from ._spatial import auto_pad_attr, int_list, pad3, resolve_pads, spatial_rank
 
 
 def pool_geometry(op, X_shape, r, kernel_shape, strides=None, pads=None, dilations=None,

@@ -14,6 +14,7 @@ from ._checks import (
     float_input,
     fmt_shape,
     get_num_threads,
+    int_attr,
     same_shape,
     select_outputs,
 )
@@ -34,12 +35,6 @@ def _scalar(op: str, name: str, v) -> float:
     return float(v)
 
 
-def _int_attr(op: str, name: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"{op}: {name} must be an int, got {type(v).__name__}")
-    return v
-
-
 @register
 def FakeQuant(input, scale, zero_point, quant_min: int = 0, quant_max: int = 255, needs=None):
     """com.microsoft FakeQuant: ``q = trunc(round_half_even(x/scale) + zero_point)``,
@@ -50,8 +45,8 @@ def FakeQuant(input, scale, zero_point, quant_min: int = 0, quant_max: int = 255
     x = float_input(op, "input", input)
     s = _scalar(op, "scale", scale)
     zp = _scalar(op, "zero_point", zero_point)
-    qmin = _int_attr(op, "quant_min", quant_min)
-    qmax = _int_attr(op, "quant_max", quant_max)
+    qmin = int_attr(op, "quant_min", quant_min)
+    qmax = int_attr(op, "quant_max", quant_max)
     if s == 0.0 or s != s or s in (float("inf"), float("-inf")):
         raise ValueError(f"{op}: scale must be finite and non-zero, got {s}")
     if qmin > qmax:

@@ -109,6 +109,10 @@ def gru_backward(x, w, r, b, h0, hall, zrh, dhall, dhfinal, linear_before_reset=
 # ---- validation ------------------------------------------------------------------------
 
 
+_LSTM_ACTS = ["Sigmoid", "Tanh", "Tanh"]
+_GRU_ACTS = ["Sigmoid", "Tanh"]
+
+
 def _attrs(op, hidden_size, direction, activations, clip, defaults, input_forget=0):
     if isinstance(hidden_size, bool) or not isinstance(hidden_size, int) or hidden_size <= 0:
         raise ValueError(f"{op}: hidden_size must be a positive int, got {hidden_size!r}")
@@ -144,7 +148,10 @@ def _req(op, name, t, ref, shape):
     return _opt(op, name, t, ref, shape)
 
 
-def _common(op, X, W, R, SL, hidden_size, gates):
+def _inputs(op, X, W, R, SL, gates, hidden_size, direction, activations, clip, defaults,
+            input_forget=0):
+    """Checked attributes and X / W / R of an RNN op: (directions, X, W, R, S, B, I, H, D)."""
+    dirs = _attrs(op, hidden_size, direction, activations, clip, defaults, input_forget)
     X = float_input(op, "X", X)
     if X.dim() != 3:
         raise ValueError(f"{op}: X must be [seq_length, batch_size, input_size], got "
@@ -153,18 +160,13 @@ def _common(op, X, W, R, SL, hidden_size, gates):
         raise ValueError(f"{op}: sequence lengths (SL) are not supported (ORT requires the "
                          "input to be absent)")
     S, B, n_in = X.shape
-    H = hidden_size
+    H, D = hidden_size, len(dirs)
     W = float_input(op, "W", W)
     same_dtype(op, "X", X, "W", W)
-    D = W.shape[0] if W.dim() == 3 else -1
-    return X, W, S, B, n_in, H, D
-
-
-def _dirs_check(op, dirs, W, R, X, gates, H, n_in):
-    D = len(dirs)
     if tuple(W.shape) != (D, gates * H, n_in):
         raise ValueError(f"{op}: W must have shape {(D, gates * H, n_in)}, got {fmt_shape(W)}")
-    return _req(op, "R", R, X, (D, gates * H, H))
+    R = _req(op, "R", R, X, (D, gates * H, H))
+    return dirs, X, W, R, S, B, n_in, H, D
 
 
 def _stack_dir(ts, S_axis=True):
@@ -190,11 +192,8 @@ def LSTMTraining(X, W, R, B=None, SL=None, H0=None, C0=None, P=None, *, hidden_s
     P [D,3H]; gate order [i,o,f,c]. Outputs: HAll [S,D,B,H], HFinal, CFinal [D,B,H],
     CAll [S,D,B,H], iofc [S,D,B,4H] (post-activation gates)."""
     op = "LSTMTraining"
-    dirs = _attrs(op, hidden_size, direction, activations, clip,
-                  ["Sigmoid", "Tanh", "Tanh"], input_forget)
-    X, W, S, Bt, n_in, H, _ = _common(op, X, W, R, SL, hidden_size, 4)
-    R = _dirs_check(op, dirs, W, R, X, 4, H, n_in)
-    D = len(dirs)
+    dirs, X, W, R, S, Bt, n_in, H, D = _inputs(op, X, W, R, SL, 4, hidden_size, direction,
+                                               activations, clip, _LSTM_ACTS, input_forget)
     B = _opt(op, "B", B, X, (D, 8 * H))
     H0 = _opt(op, "H0", H0, X, (D, Bt, H))
     C0 = _opt(op, "C0", C0, X, (D, Bt, H))
@@ -223,11 +222,8 @@ def LSTMGrad(X, W, R, SL=None, Ht0=None, Ct0=None, HAll=None, CAll=None, iofc=No
     the forward used them. Outputs: dX, dW, dR, dB [D,8H] (halves equal), dH0, dC0,
     dP [D,3H]."""
     op = "LSTMGrad"
-    dirs = _attrs(op, hidden_size, direction, activations, clip,
-                  ["Sigmoid", "Tanh", "Tanh"], input_forget)
-    X, W, S, Bt, n_in, H, _ = _common(op, X, W, R, SL, hidden_size, 4)
-    R = _dirs_check(op, dirs, W, R, X, 4, H, n_in)
-    D = len(dirs)
+    dirs, X, W, R, S, Bt, n_in, H, D = _inputs(op, X, W, R, SL, 4, hidden_size, direction,
+                                               activations, clip, _LSTM_ACTS, input_forget)
     Ht0 = _opt(op, "Ht0", Ht0, X, (D, Bt, H))
     Ct0 = _opt(op, "Ct0", Ct0, X, (D, Bt, H))
     HAll = _req(op, "HAll", HAll, X, (S, D, Bt, H))
@@ -273,10 +269,8 @@ def GRUTraining(X, W, R, B=None, SL=None, H0=None, *, hidden_size, direction="fo
     Inputs: X [S,B,I], W [D,3H,I], R [D,3H,H], B [D,6H], SL (None), H0 [D,B,H]; gate order
     [z,r,h]. Outputs: HAll [S,D,B,H], HFinal [D,B,H], ZRH [S,D,B,3H]."""
     op = "GRUTraining"
-    dirs = _attrs(op, hidden_size, direction, activations, clip, ["Sigmoid", "Tanh"])
-    X, W, S, Bt, n_in, H, _ = _common(op, X, W, R, SL, hidden_size, 3)
-    R = _dirs_check(op, dirs, W, R, X, 3, H, n_in)
-    D = len(dirs)
+    dirs, X, W, R, S, Bt, n_in, H, D = _inputs(op, X, W, R, SL, 3, hidden_size, direction,
+                                               activations, clip, _GRU_ACTS)
     B = _opt(op, "B", B, X, (D, 6 * H))
     H0 = _opt(op, "H0", H0, X, (D, Bt, H))
     res = [gru_forward(X, W[d], R[d], None if B is None else B[d],
@@ -297,10 +291,8 @@ def GRUGrad(X, W, R, B=None, SL=None, H0=None, HAll=None, ZRH=None, dHAll=None,
     Inputs: X, W, R, B, SL (None), H0, HAll, ZRH, dHAll, dHFinal. Outputs: dX, dW, dR,
     dB [D,6H], dH0."""
     op = "GRUGrad"
-    dirs = _attrs(op, hidden_size, direction, activations, clip, ["Sigmoid", "Tanh"])
-    X, W, S, Bt, n_in, H, _ = _common(op, X, W, R, SL, hidden_size, 3)
-    R = _dirs_check(op, dirs, W, R, X, 3, H, n_in)
-    D = len(dirs)
+    dirs, X, W, R, S, Bt, n_in, H, D = _inputs(op, X, W, R, SL, 3, hidden_size, direction,
+                                               activations, clip, _GRU_ACTS)
     B = _opt(op, "B", B, X, (D, 6 * H))
     H0 = _opt(op, "H0", H0, X, (D, Bt, H))
     HAll = _req(op, "HAll", HAll, X, (S, D, Bt, H))

@@ -106,11 +106,13 @@ class _RNNBase(torch.nn.Module):
                              f"{x.shape[-1]}")
         return x.contiguous(), batched
 
-    def _state(self, h, batched, B, which="hx"):
+    def _states(self, h, x, batched, which="hx"):
+        """Initial state ``h`` checked against the input ``x`` ([S, B, I]): one contiguous
+        [B, H] tensor per layer and direction, or ``None`` each when ``h`` is None."""
         name = type(self).__name__
-        D = 2 if self.bidirectional else 1
+        n = self.num_layers * (2 if self.bidirectional else 1)
         if h is None:
-            return None
+            return [None] * n
         if not isinstance(h, torch.Tensor):
             raise TypeError(f"{name}: {which} must be a tensor")
         if not batched:
@@ -118,10 +120,12 @@ class _RNNBase(torch.nn.Module):
                 raise ValueError(f"{name}: for unbatched input {which} must be 2-D, got "
                                  f"{tuple(h.shape)}")
             h = h.unsqueeze(1)
-        want = (self.num_layers * D, B, self.hidden_size)
+        want = (n, x.shape[1], self.hidden_size)
         if tuple(h.shape) != want:
             raise ValueError(f"{name}: expected {which} of shape {want}, got {tuple(h.shape)}")
-        return h
+        if h.dtype != x.dtype:
+            raise TypeError(f"{name}: {which} dtype {h.dtype} must match input {x.dtype}")
+        return [h[k].contiguous() for k in range(n)]
 
     def _weights(self, layer, d, order):
         sfx = f"_l{layer}" + ("_reverse" if d else "")
@@ -169,19 +173,13 @@ class LSTM(_RNNBase):
 
     def forward(self, input, hx=None):
         x, batched = self._prep(input)
-        B = x.shape[1]
-        n = self.num_layers * (2 if self.bidirectional else 1)
         if hx is None:
-            states = [None] * n
+            states = self._states(None, x, batched)
         else:
             if not isinstance(hx, (tuple, list)) or len(hx) != 2:
                 raise TypeError("LSTM: hx must be a tuple (h_0, c_0)")
-            h0 = self._state(hx[0], batched, B, "h_0")
-            c0 = self._state(hx[1], batched, B, "c_0")
-            for t in (h0, c0):
-                if t.dtype != x.dtype:
-                    raise TypeError(f"LSTM: hx dtype {t.dtype} must match input {x.dtype}")
-            states = [(h0[k].contiguous(), c0[k].contiguous()) for k in range(n)]
+            states = list(zip(self._states(hx[0], x, batched, "h_0"),
+                              self._states(hx[1], x, batched, "c_0"), strict=True))
         y, finals = self._run(x, states)
         h_n = torch.stack([f[0] for f in finals])
         c_n = torch.stack([f[1] for f in finals])
@@ -207,15 +205,7 @@ class GRU(_RNNBase):
 
     def forward(self, input, hx=None):
         x, batched = self._prep(input)
-        B = x.shape[1]
-        n = self.num_layers * (2 if self.bidirectional else 1)
-        if hx is None:
-            states = [None] * n
-        else:
-            h0 = self._state(hx, batched, B, "hx")
-            if h0.dtype != x.dtype:
-                raise TypeError(f"GRU: hx dtype {h0.dtype} must match input {x.dtype}")
-            states = [h0[k].contiguous() for k in range(n)]
+        states = self._states(hx, x, batched)
         y, finals = self._run(x, states)
         h_n = torch.stack([f[0] for f in finals])
         if not batched:

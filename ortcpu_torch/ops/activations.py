@@ -106,7 +106,7 @@ class _Pointwise(torch.autograd.Function):
 
 def quick_gelu(input: torch.Tensor, alpha: float = 1.702) -> torch.Tensor:
     """``input * sigmoid(alpha * input)`` (ORT QuickGelu)."""
-    return _Pointwise.apply(input, "QuickGelu", K._float_attr("quick_gelu", "alpha", alpha))
+    return _Pointwise.apply(input, "QuickGelu", K.float_attr("quick_gelu", "alpha", alpha))
 
 
 class _LeakyReluInplace(torch.autograd.Function):
@@ -138,7 +138,7 @@ class _LeakyReluInplace(torch.autograd.Function):
 def leaky_relu(input: torch.Tensor, negative_slope: float = 0.01, inplace: bool = False):
     """Like ``torch.nn.functional.leaky_relu``; ``inplace`` writes the result into ``input``
     and returns it."""
-    slope = K._float_attr("leaky_relu", "negative_slope", negative_slope)
+    slope = K.float_attr("leaky_relu", "negative_slope", negative_slope)
     if not inplace:
         return _Pointwise.apply(input, "LeakyRelu", slope)
     if isinstance(input, torch.Tensor) and input.requires_grad and input.is_leaf \

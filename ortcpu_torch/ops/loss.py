@@ -121,7 +121,7 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: torch.Tenso
         K.same_dtype(op, "input", x, "target", t)
         K.same_shape(op, "input", x, "target", t)
     else:
-        ig = K._int_attr(op, "ignore_index", ignore_index)
+        ig = K.int_attr(op, "ignore_index", ignore_index)
         t = K.labels_input(op, "target", target, sshape, c, ig)
     out = _CrossEntropy.apply(x if not unbatched else x, t, w, int(ignore_index), reduction,
                               float(label_smoothing), unbatched and reduction == "none")
