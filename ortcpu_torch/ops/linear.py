@@ -29,7 +29,7 @@ class _Linear(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy):
         x2, weight = ctx.saved_tensors
-        dy2 = dy.reshape(x2.shape[0], weight.shape[0])
+        dy2 = dy.reshape(x2.shape[0], weight.shape[0]).contiguous()  # once, for both GEMMs
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             dx = KG.Gemm(dy2, weight).view(ctx.x_shape)
@@ -92,7 +92,7 @@ class _MatMul(torch.autograd.Function):
     def backward(ctx, dy):
         a3, b3 = ctx.saved_tensors
         m = a3.shape[2] if ctx.ta else a3.shape[1]
-        dy3 = dy.reshape(a3.shape[0], m, dy.shape[-1])
+        dy3 = dy.reshape(a3.shape[0], m, dy.shape[-1]).contiguous()  # once, for both GEMMs
         da = db = None
         if ctx.needs_input_grad[0]:  # dA = dY . Bᵀ
             da = KG.bmm("matmul", dy3, b3, False, not ctx.tb).view(ctx.a_shape)
