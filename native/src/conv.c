@@ -94,7 +94,7 @@ static inline void conv_valid_range(int64_t off, int64_t s, int64_t in, int64_t 
     *hi = b;
 }
 
-/* ---- Winograd F(2x2, 3x3) geometry (conv_wino.inc) ---- */
+/* ---- Winograd F(2x2, 3x3) / F(4x4, 3x3) geometry (conv_wino.inc) ---- */
 
 /* The geometry Winograd handles: 2-D, 3x3 kernel, stride 1, dilation 1, one group; any
  * (asymmetric, even negative-end) padding. */
