@@ -20,7 +20,7 @@ import torch
 from hypothesis import HealthCheck, settings
 
 import ortcpu_torch
-from ortcpu_torch._native import bridge
+from ortcpu_torch._native import bridge, lib
 
 settings.register_profile(
     "ortcpu",
@@ -52,15 +52,27 @@ def gen(request) -> torch.Generator:
 
 @pytest.fixture(autouse=True)
 def _restore_global_settings():
-    """Thread counts (ours and torch's) and the arena cache limit come back after a test."""
+    """Thread counts (ours and torch's), the arena cache limit and the streaming-store
+    threshold come back after a test."""
     ours = bridge._num_threads
     theirs = torch.get_num_threads()
     limit = ortcpu_torch.memory_stats()["limit_bytes"]
+    stream = lib.ortcpu_get_stream_threshold()
     yield
     bridge._num_threads = ours
     torch.set_num_threads(theirs)
     if ortcpu_torch.memory_stats()["limit_bytes"] != limit:
         ortcpu_torch.set_cache_limit(limit)
+    lib.ortcpu_set_stream_threshold(stream)
+
+
+def both_store_kinds(fn):
+    """fn() computed with streaming stores forced on (threshold 1 byte), then with them
+    off: kernels that stream big outputs must give the same bits either way."""
+    lib.ortcpu_set_stream_threshold(1)
+    streamed = fn()
+    lib.ortcpu_set_stream_threshold(0)
+    return streamed, fn()
 
 
 # ---- tolerances ------------------------------------------------------------------

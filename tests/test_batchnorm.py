@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import ortcpu_torch as ot
 from ortcpu_torch import kernels as K
 
-from .conftest import assert_close, assert_unchanged, snapshot
+from .conftest import assert_close, assert_unchanged, both_store_kinds, snapshot
 
 T32 = {"rtol": 1e-5, "atol": 1e-5}
 G32 = {"rtol": 1e-4, "atol": 1e-5}
@@ -215,3 +215,27 @@ def test_multi_chunk_reductions(nthreads):
     t = torch.randint(0, 64, (4096,))
     assert_close(ot.ops.cross_entropy(x, t, label_smoothing=0.1),
                  F.cross_entropy(x, t, label_smoothing=0.1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(2, 3, 37), (2, 3, 1025), (3, 2, 41, 50), (7, 5), (3, 1500)])
+def test_streaming_stores_same_bits(dtype, shape):
+    # big working sets write y / dX with streaming stores; planes (and rows, for
+    # [N, C]) of odd lengths start off a 64-byte line, and those over the 1024-element
+    # staging chunk take several chunks: all must match ordinary stores bit for bit
+    x = torch.randn(shape, dtype=dtype) * 2 + 1
+    dy = torch.randn(shape, dtype=dtype)
+    c = shape[1]
+    w, b = torch.rand(c, dtype=dtype) + 0.5, torch.randn(c, dtype=dtype)
+    rm, rv = torch.randn(c, dtype=dtype), torch.rand(c, dtype=dtype) + 0.5
+
+    def run():
+        y, mean, var, inv = K.batchnorm.bn_train_forward("t", x, w, b, 1e-5)
+        ye = K.batchnorm.bn_eval_forward("t", x, w, b, rm, rv, 1e-5)
+        grads = K.batchnorm.bn_backward("t", dy, x, w, mean, inv, training=True)
+        grads_eval = K.batchnorm.bn_backward("t", dy, x, w, rm, rv, training=False)
+        return (y, mean, var, inv, ye, *grads, *grads_eval)
+
+    streamed, cached = both_store_kinds(run)
+    for s, c_ in zip(streamed, cached, strict=True):
+        assert torch.equal(s, c_)

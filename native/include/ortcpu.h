@@ -35,6 +35,13 @@ void ortcpu_arena_set_limit(size_t max_cached_bytes);
  *        [4] peak bytes in use, [5] cache limit */
 void ortcpu_arena_stats(int64_t stats[6]);
 
+/* ---- streaming stores ----------------------------------------------------
+ * Memory-bound kernels whose working set (inputs + outputs) is at least this many
+ * bytes write their outputs with non-temporal stores, past the caches. Default: the
+ * last-level cache size (sysfs), or ORTCPU_STREAM_BYTES; 0 turns streaming off. */
+void ortcpu_set_stream_threshold(size_t bytes);
+size_t ortcpu_get_stream_threshold(void);
+
 /* ---- memory bandwidth probe (benchmarks): dst[i] = src[i] ---------------- */
 int ortcpu_stream_copy_f32(const float *src, float *dst, int64_t n, int nthreads);
 

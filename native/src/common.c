@@ -1,7 +1,8 @@
 /* common.c -- status messages, the parallel-for, the caching arena,
- * the bandwidth probe. */
+ * the bandwidth probe, streaming stores. */
 #define _POSIX_C_SOURCE 200809L /* posix_memalign */
 #include "common.h"
+#include "stream.h"
 
 #include <omp.h>
 #include <pthread.h>
@@ -210,4 +211,113 @@ int ortcpu_stream_copy_f32(const float *src, float *dst, int64_t n, int nthreads
     copy_ctx c = {src, dst};
     ort_parallel_for(n, 1 << 16, nthreads, copy_range, &c);
     return ORTCPU_OK;
+}
+
+/* ---- streaming stores (stream.h) ---------------------------------------------- */
+
+static size_t stream_default_threshold(void)
+{
+    const char *env = getenv("ORTCPU_STREAM_BYTES");
+    if (env && *env) {
+        char *end;
+        unsigned long long v = strtoull(env, &end, 10);
+        if (*end == '\0') return (size_t)v;
+    }
+    /* sysconf's L3 size is the whole package's on some hosts (384 MB on this EPYC
+     * guest, whose cores share 32 MB); sysfs gives the slice cpu0 shares. */
+    size_t llc = (size_t)32 << 20;
+    FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r");
+    if (f) {
+        unsigned long kb;
+        if (fscanf(f, "%luK", &kb) == 1 && kb > 0) llc = (size_t)kb << 10;
+        fclose(f);
+    }
+    return llc;
+}
+
+typedef void (*stream_lines_fn)(char *dst, const char *src, size_t lines);
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define ORT_STREAM_X86 1
+
+__attribute__((target("avx512f"))) static void stream_lines_avx512(char *dst, const char *src,
+                                                                   size_t lines)
+{
+    for (size_t k = 0; k < lines; k++)
+        _mm512_stream_si512((__m512i *)(dst + 64 * k), _mm512_loadu_si512(src + 64 * k));
+}
+
+__attribute__((target("avx"))) static void stream_lines_avx(char *dst, const char *src,
+                                                            size_t lines)
+{
+    for (size_t k = 0; k < 2 * lines; k++)
+        _mm256_stream_si256((__m256i *)(dst + 32 * k),
+                            _mm256_loadu_si256((const __m256i *)(src + 32 * k)));
+}
+
+static void stream_lines_sse2(char *dst, const char *src, size_t lines)
+{
+    for (size_t k = 0; k < 4 * lines; k++)
+        _mm_stream_si128((__m128i *)(dst + 16 * k), _mm_loadu_si128((const __m128i *)(src + 16 * k)));
+}
+#endif
+
+static pthread_once_t stream_once = PTHREAD_ONCE_INIT;
+static size_t stream_threshold;
+static stream_lines_fn stream_lines;
+
+static void stream_init(void)
+{
+    stream_threshold = stream_default_threshold();
+#ifdef ORT_STREAM_X86
+    __builtin_cpu_init();
+    stream_lines = __builtin_cpu_supports("avx512f") ? stream_lines_avx512
+                   : __builtin_cpu_supports("avx")   ? stream_lines_avx
+                                                     : stream_lines_sse2;
+#else
+    stream_lines = NULL;
+#endif
+}
+
+void ortcpu_set_stream_threshold(size_t bytes)
+{
+    pthread_once(&stream_once, stream_init);
+    stream_threshold = bytes;
+}
+
+size_t ortcpu_get_stream_threshold(void)
+{
+    pthread_once(&stream_once, stream_init);
+    return stream_threshold;
+}
+
+int ort_stream_worthwhile(size_t bytes)
+{
+    pthread_once(&stream_once, stream_init);
+    return stream_lines && stream_threshold > 0 && bytes >= stream_threshold;
+}
+
+void ort_stream_out(void *dst, const void *src, size_t nbytes)
+{
+    pthread_once(&stream_once, stream_init);
+    char *d = dst;
+    const char *s = src;
+    size_t head = (64 - ((uintptr_t)d & 63)) & 63;
+    if (!stream_lines || head >= nbytes) {
+        memcpy(d, s, nbytes);
+        return;
+    }
+    memcpy(d, s, head);
+    size_t lines = (nbytes - head) / 64;
+    stream_lines(d + head, s + head, lines);
+    size_t done = head + 64 * lines;
+    memcpy(d + done, s + done, nbytes - done);
+}
+
+void ort_stream_fence(void)
+{
+#ifdef ORT_STREAM_X86
+    _mm_sfence();
+#endif
 }
