@@ -1,7 +1,7 @@
 """ortcpu_torch vs torch eager: LayerNorm, RMSNorm, BatchNorm2d, cross_entropy, Dropout
 (forward + backward, float32), the cases and targets of issue 4.
 
-    python -m benchmarks.norm_loss [--quick] [--threads 2] [--cpu] [name filter ...]
+    python -m benchmarks.norm_loss [--quick] [--threads 2] [--cpu] [--procs 3] [filter ...]
 
 Each row times one training step of the op as users run it: forward through the
 functional / module API, then ``torch.autograd.grad`` of the output w.r.t. the input and
@@ -17,8 +17,13 @@ step's time) and sometimes reuses it, so torch's median swings between runs; its
 step ("torch min") is the fault-free time. LayerNorm rows also time their memory floor:
 torch's own elementwise passes with the same traffic into preallocated outputs
 (``mul`` reads x and writes y, ``add`` reads dy and x and writes dx), no arithmetic to
-speak of and no faults. Writes ``benchmarks/results/norm_loss.{json,md}`` (partial runs:
-``norm_loss_partial.*``).
+speak of and no faults.
+
+The whole measurement runs in ``--procs`` fresh processes (default 3) and each case
+reports the medians over them with the ratio's range: on this machine the same memory-
+bound loop runs up to 2x faster in one process than another, depending on the physical
+pages it gets (``python -m benchmarks.placement``). Writes
+``benchmarks/results/norm_loss.{json,md}`` (partial runs: ``norm_loss_partial.*``).
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ import json
 import os
 import resource
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 import torch
@@ -144,22 +152,9 @@ def measure(ours, theirs, reps: int, warmup: int = 3, clock=time.perf_counter):
             {"ms": med(tt) * 1e3, "min_ms": min(tt) * 1e3, "faults": med(ft)})
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=None)
-    ap.add_argument("--cpu", action="store_true",
-                    help="1 thread, CPU time of the calling thread instead of wall time "
-                         "(robust to other processes on a loaded machine)")
-    ap.add_argument("filter", nargs="*")
-    a = ap.parse_args(argv)
-    if a.cpu:
-        a.threads = 1
+def run_cases(a, reps: int) -> list[dict]:
+    """Measure the selected cases in this process; one row per case."""
     clock = time.thread_time if a.cpu else time.perf_counter
-    torch.set_num_threads(a.threads)
-    ot.set_num_threads(a.threads)
-    reps = a.reps or (5 if a.quick else 15)
     out = []
     for name, target, ours, theirs, floor in cases(a.quick):
         if a.filter and not any(f in name for f in a.filter):
@@ -168,39 +163,113 @@ def main(argv=None):
         load = os.getloadavg()[0]
         o, t = measure(ours, theirs, reps, clock=clock)
         row = {"case": name, "threads": a.threads, "clock": "cpu" if a.cpu else "wall",
-               "ours_ms": round(o["ms"], 3), "torch_ms": round(t["ms"], 3),
-               "ratio": round(t["ms"] / o["ms"], 2), "target": target,
-               "ours_min_ms": round(o["min_ms"], 3), "torch_min_ms": round(t["min_ms"], 3),
-               "ratio_min": round(t["min_ms"] / o["min_ms"], 2),
-               "ours_faults": int(o["faults"]), "torch_faults": int(t["faults"]),
-               "floor_ms": None, "loadavg": round(load, 2)}
+               "ours_ms": o["ms"], "torch_ms": t["ms"], "ratio": t["ms"] / o["ms"],
+               "target": target, "ratio_min": t["min_ms"] / o["min_ms"],
+               "ours_faults": o["faults"], "torch_faults": t["faults"], "floor_ms": None,
+               "loadavg": load}
         if floor is not None:
-            row["floor_ms"] = round(statistics.median(_util.timed(floor, reps, 3)) * 1e3, 3)
+            row["floor_ms"] = statistics.median(_util.timed(floor, reps, 3)) * 1e3
         row["foreign_share"] = fl.share()
         out.append(row)
         fl_txt = f"  floor {row['floor_ms']:.2f} ms" if floor is not None else ""
         print(f"{name:32s} ours {o['ms']:7.2f} ms  torch {t['ms']:7.2f} ms  "
               f"{row['ratio']:5.2f}x (target {target}x)  min: {row['ratio_min']:5.2f}x  "
-              f"faults {row['ours_faults']}/{row['torch_faults']}{fl_txt}  load {load:.1f} "
-              f"foreign {row['foreign_share']:.0%}", flush=True)
+              f"faults {row['ours_faults']:.0f}/{row['torch_faults']:.0f}{fl_txt}  "
+              f"load {load:.1f} foreign {row['foreign_share']:.0%}", flush=True)
+    return out
+
+
+def _child_argv(a, json_path: str) -> list[str]:
+    argv = [sys.executable, "-m", "benchmarks.norm_loss", "--procs", "1", "--json", json_path,
+            "--threads", str(a.threads)]
+    argv += ["--quick"] * a.quick + ["--cpu"] * a.cpu
+    argv += ["--reps", str(a.reps)] if a.reps else []
+    return argv + list(a.filter)
+
+
+def run_in_processes(a) -> list[dict]:
+    """Each case measured in ``a.procs`` fresh processes (each gets its own physical pages,
+    whose speed differs up to 2x here: ``benchmarks.placement``); per case the medians
+    over the processes, and the range of the ratio."""
+    per_case: dict[str, list[dict]] = {}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(a.procs):
+            path = os.path.join(tmp, f"{i}.json")
+            print(f"-- process {i + 1}/{a.procs}", flush=True)
+            subprocess.run(_child_argv(a, path), check=True, cwd=root)
+            with open(path) as f:
+                for r in json.load(f):
+                    per_case.setdefault(r["case"], []).append(r)
+    med = statistics.median
+    out = []
+    for rows in per_case.values():
+        row = dict(rows[0])
+        for k in ("ours_ms", "torch_ms", "ratio", "ratio_min", "ours_faults", "torch_faults",
+                  "loadavg"):
+            row[k] = med(r[k] for r in rows)
+        floors = [r["floor_ms"] for r in rows if r["floor_ms"] is not None]
+        row["floor_ms"] = med(floors) if floors else None
+        row["foreign_share"] = max(r["foreign_share"] for r in rows)
+        row["ratio_lo"] = min(r["ratio"] for r in rows)
+        row["ratio_hi"] = max(r["ratio"] for r in rows)
+        out.append(row)
+    return out
+
+
+def _write(a, reps: int, out: list[dict]) -> None:
     partial = a.quick or bool(a.filter)
     stem = ("norm_loss_partial" if partial else "norm_loss") + ("_cpu1" if a.cpu else "")
     os.makedirs(RESULTS, exist_ok=True)
     meta = {"torch": torch.__version__, "threads": a.threads, "reps": reps,
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "quick": a.quick}
+            "processes": a.procs, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "quick": a.quick}
     with open(os.path.join(RESULTS, stem + ".json"), "w") as f:
         json.dump({"meta": meta, "rows": out}, f, indent=1)
     with open(os.path.join(RESULTS, stem + ".md"), "w") as f:
-        f.write("| case (fwd+bwd, float32) | threads | clock | ours ms | torch ms | "
-                "torch ÷ ours | target | torch min ÷ ours min | faults/step ours, torch | "
-                "floor ms | load | foreign |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+        f.write(f"float32, forward + backward; {a.threads} thread(s), {meta['reps']} "
+                f"alternating steps per side in each of {a.procs} fresh process(es); "
+                "per case the median over the processes (ratio: its range in brackets); "
+                f"torch {torch.__version__}, {meta['date']}.\n\n")
+        f.write("| case | ours ms | torch ms | torch ÷ ours | target | fastest steps' "
+                "ratio | faults/step ours, torch | floor ms | load | foreign |\n"
+                "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
         for r in out:
-            floor = "" if r["floor_ms"] is None else r["floor_ms"]
-            f.write(f"| {r['case']} | {r['threads']} | {r['clock']} | {r['ours_ms']} | "
-                    f"{r['torch_ms']} | {r['ratio']}x | ≥{r['target']}x | "
-                    f"{r['ratio_min']}x | {r['ours_faults']}, {r['torch_faults']} | "
-                    f"{floor} | {r['loadavg']} | {r['foreign_share']:.0%} |\n")
+            floor = "" if r["floor_ms"] is None else f"{r['floor_ms']:.2f}"
+            rng = (f" [{r['ratio_lo']:.2f}-{r['ratio_hi']:.2f}]" if a.procs > 1 else "")
+            f.write(f"| {r['case']} | {r['ours_ms']:.2f} | {r['torch_ms']:.2f} | "
+                    f"{r['ratio']:.2f}x{rng} | ≥ {r['target']}x | {r['ratio_min']:.2f}x | "
+                    f"{r['ours_faults']:.0f}, {r['torch_faults']:.0f} | {floor} | "
+                    f"{r['loadavg']:.2f} | {r['foreign_share']:.0%} |\n")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--cpu", action="store_true",
+                    help="1 thread, CPU time of the calling thread instead of wall time "
+                         "(robust to other processes on a loaded machine)")
+    ap.add_argument("--procs", type=int, default=3,
+                    help="fresh processes per case (memory speed differs between them)")
+    ap.add_argument("--json", help=argparse.SUPPRESS)  # a child's rows go here
+    ap.add_argument("filter", nargs="*")
+    a = ap.parse_args(argv)
+    if a.cpu:
+        a.threads = 1
+    reps = a.reps or (5 if a.quick else 15)
+    if a.procs > 1:
+        out = run_in_processes(a)
+    else:
+        torch.set_num_threads(a.threads)
+        ot.set_num_threads(a.threads)
+        out = run_cases(a, reps)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f)
+        return out
+    _write(a, reps, out)
     return out
 
 
