@@ -249,7 +249,17 @@ _BY_FUNC: dict = {e.func: e for e in FUNCTIONALS}
 # ---- support checks --------------------------------------------------------------------
 
 
+#: dtypes a plain CPU tensor may have without disqualifying a call
+_OK_DTYPES = frozenset((*_FLOATS, torch.int64, torch.int32, torch.int16, torch.int8,
+                        torch.uint8, torch.bool))
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
 def _tensor_reason(t: torch.Tensor) -> str | None:
+    # the common case in a few attribute reads (this runs for every tensor of every call)
+    if type(t) in _PLAIN_TYPES and t.is_cpu and t.layout is torch.strided \
+            and t.dtype in _OK_DTYPES:
+        return None
     if t.device.type != "cpu":
         return f"{t.device.type} tensor"
     if t.layout != torch.strided:
@@ -426,16 +436,19 @@ def _wrapped_forward(self, *args, **kwargs):
     info: _SwapInfo = self.__dict__[_INFO_ATTR]
     state = info.state
     stats = state.modules[info.qualname]["stats"]
-    reason = _context_reason() or _values_reason(args) or _values_reason(kwargs.values()) \
-        or _values_reason(self._parameters.values()) or _values_reason(self._buffers.values())
-    if reason is None:
-        try:
-            with torch._C.DisableTorchFunction():
+    # the checks too run without the kernel mode: under it every tensor attribute read
+    # is a Python __torch_function__ call
+    with torch._C.DisableTorchFunction():
+        reason = _context_reason() or _values_reason(args) \
+            or _values_reason(kwargs.values()) or _values_reason(self._parameters.values()) \
+            or _values_reason(self._buffers.values())
+        if reason is None:
+            try:
                 out = type(self).__mro__[1].forward(self, *args, **kwargs)
-            stats.ours += 1
-            return out
-        except (TypeError, ValueError) as e:
-            reason = _exc_reason(f"nn.{type(self).__mro__[1].__name__}", e)
+                stats.ours += 1
+                return out
+            except (TypeError, ValueError) as e:
+                reason = _exc_reason(f"nn.{type(self).__mro__[1].__name__}", e)
     state.fell_back(f"{info.qualname or 'model'} ({info.entry_name})", info.entry_name,
                     stats, reason)
     orig = info.original

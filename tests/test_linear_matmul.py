@@ -69,9 +69,13 @@ def test_nan_stays_in_its_row():
     ((torch.randn(3, 4), torch.randn(2, 5)), ValueError, "in_features=5"),
     ((torch.randn(3, 4), torch.randn(2, 4), torch.randn(3)), ValueError, "bias must have shape"),
     (([1.0, 2.0], torch.randn(2, 2)), TypeError, "input must be a torch.Tensor"),
+    # dtype errors name linear's arguments, not the Gemm kernel's A / B / C
     ((torch.ones(3, 4, dtype=torch.int64), torch.ones(2, 4, dtype=torch.int64)), TypeError,
-     "float32 or float64"),
-    ((torch.randn(3, 4), torch.randn(2, 4, dtype=torch.float64)), TypeError, "dtype"),
+     "linear: input must be float32 or float64"),
+    ((torch.randn(3, 4), torch.randn(2, 4, dtype=torch.float64)), TypeError,
+     "linear: weight must have the dtype of input"),
+    ((torch.randn(3, 4), torch.randn(2, 4), torch.randn(2, dtype=torch.float64)), TypeError,
+     "linear: bias must have the dtype of input"),
 ])
 def test_bad_input_raises_and_leaves_inputs_alone(args, exc, match):
     before = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]

@@ -10,6 +10,8 @@ those well and the wrapper would cost more than it saves).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -30,14 +32,12 @@ _NP_DTYPES = {
 
 def empty(shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """An uninitialised contiguous CPU tensor, arena-backed when large."""
-    shape = tuple(int(s) for s in shape)
-    numel = 1
-    for s in shape:
-        numel *= s
+    numel = math.prod(shape)
     nbytes = numel * dtype.itemsize
     np_dtype = _NP_DTYPES.get(dtype)
     if nbytes < ARENA_MIN_BYTES or np_dtype is None:
         return torch.empty(shape, dtype=dtype)
+    shape = tuple(int(s) for s in shape)
     raw = lib.ortcpu_arena_alloc(nbytes)
     if raw == ffi.NULL:
         raise MemoryError(f"ortcpu_torch arena: cannot allocate {nbytes} bytes")

@@ -72,6 +72,31 @@ def MatMul(A, B):
     return Y
 
 
+def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
+         trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0, beta: float = 1.0,
+         op: str = "Gemm") -> torch.Tensor:
+    """``alpha·op(a)·op(b) + beta·c`` for contiguous 2-D ``a`` and ``b`` of one float dtype
+    with matching inner dims, ``c`` None or broadcastable to the result: checked by the
+    caller. Not a registry op: the core of ``Gemm`` and of the Linear front end."""
+    m = a.shape[1] if trans_a else a.shape[0]
+    k = a.shape[0] if trans_a else a.shape[1]
+    n = b.shape[0] if trans_b else b.shape[1]
+    y = empty((m, n), a.dtype)
+    beta = float(beta) if c is not None else 0.0
+    if beta != 0:
+        y.copy_(c.expand(m, n))
+    if m == 0 or n == 0:
+        return y
+    if k == 0:
+        y.mul_(beta) if beta else y.zero_()
+        return y
+    st = native_fn("gemm_mt", a.dtype)(
+        int(trans_a), int(trans_b), m, n, k, float(alpha), ptr(a), a.shape[1], ptr(b),
+        b.shape[1], beta, ptr(y), n, get_num_threads())
+    check_status(st, op)
+    return y
+
+
 @register
 def Gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
     """ONNX Gemm: ``Y = alpha·op(A)·op(B) + beta·C`` (C broadcast to [M, N]). Inputs: A, B,
@@ -92,33 +117,15 @@ def Gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
     k2, n = (B.shape[1], B.shape[0]) if transB else B.shape
     if k != k2:
         raise ValueError(f"{op}: inner dims differ: op(A) is [{m}, {k}], op(B) is [{k2}, {n}]")
-    Y = empty((m, n), A.dtype)
-    b = 0.0
-    if C is not None and beta != 0:
-        C = float_input(op, "C", C)
-        same_dtype(op, "A", A, "C", C)
-        try:
-            Y.copy_(C.expand(m, n))
-        except RuntimeError:
-            raise ValueError(f"{op}: C {fmt_shape(C)} does not broadcast to [{m}, {n}]") from None
-        b = float(beta)
-    elif C is not None:
+    if C is not None:
         C = float_input(op, "C", C)
         same_dtype(op, "A", A, "C", C)
         try:
             torch.broadcast_shapes(C.shape, (m, n))
         except RuntimeError:
             raise ValueError(f"{op}: C {fmt_shape(C)} does not broadcast to [{m}, {n}]") from None
-    if m == 0 or n == 0:
-        return Y
-    if k == 0:
-        Y.mul_(b) if b else Y.zero_()
-        return Y
-    st = native_fn("gemm_mt", A.dtype)(
-        int(transA), int(transB), m, n, k, float(alpha), ptr(A), A.shape[1], ptr(B),
-        B.shape[1], b, ptr(Y), n, get_num_threads())
-    check_status(st, op)
-    return Y
+    return gemm(A, B, C, trans_a=bool(transA), trans_b=bool(transB), alpha=alpha, beta=beta,
+                op=op)
 
 
 def bmm(op: str, a: torch.Tensor, b: torch.Tensor, trans_a: bool = False,

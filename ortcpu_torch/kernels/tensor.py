@@ -492,6 +492,20 @@ def ConcatTraining(*inputs, axis: int, needs=None):
 # ---- ReduceSumTraining ---------------------------------------------------------------------
 
 
+def sum_axis(t: torch.Tensor, axis: int, op: str = "ReduceSumTraining") -> torch.Tensor:
+    """Sum of a contiguous float tensor over one (non-negative) axis, kept as size 1;
+    float32 accumulates in double. Not a registry op: also the bias gradient of Linear."""
+    shp = list(t.shape)
+    y = empty(shp[:axis] + [1] + shp[axis + 1:], t.dtype)
+    ctype = "float *" if t.dtype == torch.float32 else "double *"
+    st = native_fn("sum_axis", t.dtype)(
+        ffi.cast(ctype, t.data_ptr()), ffi.cast(ctype, y.data_ptr()), _prod(shp[:axis]),
+        shp[axis], _prod(shp[axis + 1:]), get_num_threads())
+    check_status(st, op)
+    return y
+
+
+
 @register
 def ReduceSumTraining(data, axes, keepdims: int = 1, noop_with_empty_axes: int = 0):
     """com.microsoft ReduceSumTraining: ONNX ReduceSum-13 with ``axes`` as an int64 input
@@ -515,15 +529,7 @@ def ReduceSumTraining(data, axes, keepdims: int = 1, noop_with_empty_axes: int =
     else:
         out = data
         for a in sorted(norm, reverse=True):
-            shp = list(out.shape)
-            y = empty(shp[:a] + [1] + shp[a + 1:], out.dtype)
-            st = native_fn("sum_axis", out.dtype)(
-                ffi.cast("float *" if out.dtype == torch.float32 else "double *",
-                         out.data_ptr()),
-                ffi.cast("float *" if out.dtype == torch.float32 else "double *", y.data_ptr()),
-                _prod(shp[:a]), shp[a], _prod(shp[a + 1:]), get_num_threads())
-            check_status(st, op)
-            out = y
+            out = sum_axis(out, a, op)
     if not keepdims:
         out = out.reshape([s for k, s in enumerate(out.shape) if k not in set(norm)])
     return out

@@ -1,8 +1,8 @@
 """GEMM front ends on OpenBLAS, only the gradients autograd asks for computed:
 
-- ``linear`` (``torch.nn.functional.linear``'s signature) on the ``Gemm`` kernel: forward
-  ``Y = X·Wᵀ + b``; backward ``dX = dY·W``, ``dW = dYᵀ·X`` and ``db`` = the column sums
-  of dY (``ReduceSumTraining``, accumulated in double);
+- ``linear`` (``torch.nn.functional.linear``'s signature) on the Gemm kernel's core
+  (``kernels.gemm.gemm``): forward ``Y = X·Wᵀ + b``; backward ``dX = dY·W``, ``dW = dYᵀ·X``
+  and ``db`` = the column sums of dY (accumulated in double);
 - ``matmul`` (``torch.matmul`` for the shapes attention and MLP code use) on a batched
   GEMM that reads transposed operands in place (``k.transpose(-2, -1)`` is not copied).
 """
@@ -13,17 +13,23 @@ import torch
 
 from ..kernels import gemm as KG
 from ..kernels import tensor as KT
+from ..kernels._checks import float_input, same_dtype
 from .activations import once_differentiable
 
 
 class _Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias):
-        x2 = x.reshape(x.shape[:-1].numel(), x.shape[-1])
-        y = KG.Gemm(x2, weight, bias, transB=1)
-        ctx.save_for_backward(x2, weight)
+        op = "linear"
+        x2 = float_input(op, "input", x.reshape(x.shape[:-1].numel(), x.shape[-1]))
+        w = float_input(op, "weight", weight)
+        same_dtype(op, "input", x2, "weight", w)
+        if bias is not None:
+            same_dtype(op, "input", x2, "bias", float_input(op, "bias", bias))
+        y = KG.gemm(x2, w, bias, trans_b=True, op=op)
+        ctx.save_for_backward(x2, w)
         ctx.x_shape, ctx.has_bias = x.shape, bias is not None
-        return y.view(*x.shape[:-1], weight.shape[0])
+        return y.view(*x.shape[:-1], w.shape[0])
 
     @staticmethod
     @once_differentiable
@@ -32,11 +38,11 @@ class _Linear(torch.autograd.Function):
         dy2 = dy.reshape(x2.shape[0], weight.shape[0]).contiguous()  # once, for both GEMMs
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            dx = KG.Gemm(dy2, weight).view(ctx.x_shape)
+            dx = KG.gemm(dy2, weight, op="linear").view(ctx.x_shape)
         if ctx.needs_input_grad[1]:
-            dw = KG.Gemm(dy2, x2, transA=1)
+            dw = KG.gemm(dy2, x2, trans_a=True, op="linear")
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = KT.ReduceSumTraining(dy2, [0], keepdims=0)
+            db = KT.sum_axis(dy2, 0, "linear").view(weight.shape[0])
         return dx, dw, db
 
 
