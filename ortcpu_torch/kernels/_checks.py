@@ -98,11 +98,30 @@ def normalize_axis(op: str, axis: int, rank: int, name: str = "axis") -> int:
     return axis % r
 
 
+def needs_flags(op: str, needs, count: int) -> tuple[bool, ...]:
+    """The registry's ``needs=`` (None: every output; else one bool per output, a 1-D
+    tensor accepted) as ``count`` bools, or a TypeError / ValueError naming it."""
+    if needs is None:
+        return (True,) * count
+    if isinstance(needs, torch.Tensor):
+        if needs.dim() != 1:
+            raise TypeError(f"{op}: needs must be a sequence of {count} bools, got a tensor "
+                            f"of shape {fmt_shape(needs)}")
+        needs = needs.tolist()
+    if not isinstance(needs, (list, tuple)):
+        raise TypeError(f"{op}: needs must be a sequence of {count} bools, got "
+                        f"{type(needs).__name__}")
+    if len(needs) != count:
+        raise ValueError(f"{op}: needs must have {count} entries, got {len(needs)}")
+    for v in needs:
+        if not isinstance(v, (bool, int, float)):
+            raise TypeError(f"{op}: needs entries must be bools, got {type(v).__name__}")
+    return tuple(bool(v) for v in needs)
+
+
 def select_outputs(op: str, outputs: tuple, needs) -> tuple:
     """Apply the registry's ``needs=`` convention to a tuple of outputs."""
     if needs is None:
         return outputs
-    needs = tuple(bool(n) for n in needs)
-    if len(needs) != len(outputs):
-        raise ValueError(f"{op}: needs must have {len(outputs)} entries, got {len(needs)}")
-    return tuple(o if n else None for o, n in zip(outputs, needs, strict=True))
+    flags = needs_flags(op, needs, len(outputs))
+    return tuple(o if n else None for o, n in zip(outputs, flags, strict=True))

@@ -116,7 +116,10 @@ def bn_backward(op: str, dy, x, scale, mean, inv_std, training: bool = True,
 
 def _training_mode(op: str, v) -> bool:
     if isinstance(v, torch.Tensor):
-        v = bool(v.item())
+        if v.numel() != 1:
+            raise TypeError(f"{op}: training_mode must be 0 or 1 (a scalar), got a tensor of "
+                            f"shape {fmt_shape(v)}")
+        v = v.item()
     if isinstance(v, bool) or v in (0, 1):
         return bool(v)
     raise ValueError(f"{op}: training_mode must be 0 or 1, got {v!r}")

@@ -22,6 +22,7 @@ from ._checks import (
     fmt_shape,
     get_num_threads,
     int_attr,
+    needs_flags,
     same_dtype,
     select_outputs,
 )
@@ -84,13 +85,13 @@ def conv_forward(op, X, W, B=None, **attrs):
     X = float_input(op, "X", X)
     W = float_input(op, "W", W)
     same_dtype(op, "X", X, "W", W)
+    geom, out_shape = conv_geometry(op, X, W, **attrs)  # W's rank checked before B's
     if B is not None:
         B = float_input(op, "B", B)
         same_dtype(op, "X", X, "B", B)
         if B.dim() != 1 or B.shape[0] != W.shape[0]:
             raise ValueError(f"{op}: B must be 1-D with W.shape[0]={W.shape[0]} elements, "
                              f"got shape {fmt_shape(B)}")
-    geom, out_shape = conv_geometry(op, X, W, **attrs)
     Y = empty(out_shape, X.dtype)
     st = native_fn("conv_forward", X.dtype)(ptr(X), ptr(W), ptr(B), ptr(Y), geom,
                                             get_num_threads())
@@ -133,9 +134,7 @@ def ConvGrad(dY, X, W, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
              pads=None, strides=None, needs=None):
     """com.microsoft ConvGrad: dX, dW, dB of Conv (each optional via ``needs``); auto_pad
     is honoured. Inputs: dY, X, W. Outputs: dX, dW, dB."""
-    need = (True, True, True) if needs is None else tuple(bool(v) for v in needs)
-    if len(need) != 3:
-        raise ValueError(f"ConvGrad: needs must have 3 entries, got {len(need)}")
+    need = needs_flags("ConvGrad", needs, 3)
     out = conv_backward("ConvGrad", dY, X, W, need, auto_pad=auto_pad, dilations=dilations,
                         group=group, kernel_shape=kernel_shape, pads=pads, strides=strides)
     return select_outputs("ConvGrad", out, needs)

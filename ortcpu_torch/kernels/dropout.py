@@ -16,6 +16,7 @@ from ._checks import (
     float_input,
     fmt_shape,
     get_num_threads,
+    needs_flags,
     same_shape,
     select_outputs,
 )
@@ -93,7 +94,7 @@ def Dropout(data, ratio=None, training_mode=None, *, seed=None, generator=None, 
         out = (x.clone(), torch.ones(x.shape, dtype=torch.bool))
         return select_outputs(op, out, needs)
     s = seed if seed is not None else draw_seed(generator)
-    want_mask = needs is None or len(needs) != 2 or bool(needs[1])
+    want_mask = needs_flags(op, needs, 2)[1]
     return select_outputs(op, dropout_forward(op, x, r, s, want_mask), needs)
 
 

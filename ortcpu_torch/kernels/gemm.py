@@ -13,7 +13,15 @@ from __future__ import annotations
 import torch
 
 from .._native import empty, ffi, native_fn, ptr
-from ._checks import check_status, float_input, fmt_shape, get_num_threads, same_dtype
+from ._checks import (
+    check_status,
+    float_attr,
+    float_input,
+    fmt_shape,
+    get_num_threads,
+    int_attr,
+    same_dtype,
+)
 from ._registry import register
 
 
@@ -105,12 +113,10 @@ def Gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
     A = float_input(op, "A", A)
     B = float_input(op, "B", B)
     same_dtype(op, "A", A, "B", B)
-    for name, v in (("transA", transA), ("transB", transB)):
-        if isinstance(v, bool) or v not in (0, 1):
-            raise ValueError(f"{op}: {name} must be 0 or 1, got {v!r}")
-    for name, v in (("alpha", alpha), ("beta", beta)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise TypeError(f"{op}: {name} must be a float, got {type(v).__name__}")
+    transA = int_attr(op, "transA", transA, (0, 1))
+    transB = int_attr(op, "transB", transB, (0, 1))
+    alpha = float_attr(op, "alpha", alpha)
+    beta = float_attr(op, "beta", beta)
     if A.dim() != 2 or B.dim() != 2:
         raise ValueError(f"{op}: A and B must be 2-D, got {fmt_shape(A)} and {fmt_shape(B)}")
     m, k = (A.shape[1], A.shape[0]) if transA else A.shape

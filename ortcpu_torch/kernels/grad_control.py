@@ -17,7 +17,15 @@ import numpy as np
 import torch
 
 from .._native import empty_like, ffi, native_fn, ptr
-from ._checks import FLOATS, check_status, float_input, fmt_shape, get_num_threads, select_outputs
+from ._checks import (
+    FLOATS,
+    check_status,
+    float_input,
+    fmt_shape,
+    get_num_threads,
+    int_attr,
+    select_outputs,
+)
 from ._multi import bool_flag, ptr_array, size_array, tensor_seq
 from ._registry import register
 
@@ -218,6 +226,8 @@ def IsAllFinite(*input, isinf_only: int = 0, isnan_only: int = 0):
     ``isinf_only``, only NaN with ``isnan_only``). Not in ORT's CPU build; here on CPU."""
     op = "IsAllFinite"
     xs = tensor_seq(op, "input", list(input), FLOATS)
+    isinf_only = int_attr(op, "isinf_only", isinf_only, (0, 1))
+    isnan_only = int_attr(op, "isnan_only", isnan_only, (0, 1))
     if isinf_only and isnan_only:
         raise ValueError(f"{op}: isinf_only and isnan_only cannot both be set")
     ok = True

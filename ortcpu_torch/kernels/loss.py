@@ -26,6 +26,7 @@ from ._checks import (
     fmt_shape,
     get_num_threads,
     int_attr,
+    needs_flags,
     same_dtype,
     same_shape,
     select_outputs,
@@ -205,7 +206,7 @@ def _sce_loss(op, scores, labels, weights, reduction, ignore_index, needs, n_out
     ig = -1 if ignore_index is None else int_attr(op, "ignore_index", ignore_index)
     lab = labels_input(op, "labels", labels, sshape, c, ig)
     w = _class_weight(op, "weights", weights, x, c)
-    want_lp = needs is None or len(needs) != 2 or bool(needs[1])
+    want_lp = needs_flags(op, needs, 2)[1]
     r = sce_forward(op, x, lab, weight=w, ignore_index=ig, want_loss=reduction == "none",
                     want_log_prob=want_lp)
     return select_outputs(op, (_reduce_ort(x, r, reduction, sshape), r["log_prob"]), needs)
@@ -310,7 +311,7 @@ def SoftmaxCrossEntropy(logits, label, *, reduction: str = "mean", needs=None):
     op = "SoftmaxCrossEntropy"
     reduction = _reduction(op, reduction)
     x, lab, n, sshape = _with_dense_label(op, "logits", logits, label)
-    want_lp = needs is None or len(needs) != 2 or bool(needs[1])
+    want_lp = needs_flags(op, needs, 2)[1]
     r = sce_forward(op, x, None, dense=lab, want_loss=reduction == "none",
                     want_log_prob=want_lp, class_axis=-1)
     if reduction == "none":
@@ -362,7 +363,7 @@ def SparseSoftmaxCrossEntropy(logits, label, weight=None, *, reduction: str = "m
     n, c, d, sshape = layout(op, x, -1, "logits")
     lab = labels_input(op, "label", label, sshape, c, None)
     sw = _sample_weight(op, weight, x, sshape)
-    want_lp = needs is None or len(needs) != 2 or bool(needs[1])
+    want_lp = needs_flags(op, needs, 2)[1]
     r = sce_forward(op, x, lab, sample_weight=sw, want_loss=reduction == "none",
                     want_log_prob=want_lp, class_axis=-1)
     return select_outputs(op, (_reduce_ort(x, r, reduction, sshape), r["log_prob"]), needs)

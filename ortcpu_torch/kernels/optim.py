@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .._native import ffi, lib, native_fn
-from ._checks import check_status, get_num_threads, select_outputs
+from ._checks import check_status, get_num_threads, needs_flags, select_outputs
 from ._multi import (
     bool_flag,
     distinct,
@@ -207,7 +207,7 @@ def SGDOptimizer(ETA, W, G, *, needs=None):
     (g,) = tensor_seq(op, "G", [G], writable=True)
     same_shapes(op, "W", [w], "G", [g])
     distinct(op, {"W": [w], "G": [g]})
-    want = (True, True) if needs is None else tuple(bool(x) for x in needs)
+    want = needs_flags(op, needs, 2)
     sgd_multi([w], [g], deltas=[g] if want[1] else None, lr=eta, op=op)
     return select_outputs(op, (W, G), needs)
 
@@ -245,7 +245,7 @@ def AdamOptimizer(R, T, weights, gradients, moment_1, moment_2, mixed_precision_
         bc2 = _f32(1.0 - math.pow(_f32(b), t))
     else:
         bc1 = bc2 = 1.0
-    want = (True,) * 6 if needs is None else tuple(bool(x) for x in needs)
+    want = needs_flags(op, needs, 6)
     adam_multi([w], [g], [m1], [m2], deltas=[g] if want[4] else None, lr=r, beta1=a,
                beta2=b, eps=eps, weight_decay=lam, bc1=bc1, bc2=bc2, mode=ADAM_LEGACY, op=op)
     new_t = (T + 1).to(torch.int64)

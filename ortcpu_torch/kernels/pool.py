@@ -25,6 +25,7 @@ from ._checks import (
     fmt_shape,
     get_num_threads,
     int_attr,
+    needs_flags,
     same_dtype,
     select_outputs,
 )
@@ -174,9 +175,7 @@ def MaxPool(X, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape=N
     """ONNX MaxPool (1/2/3-D, dilations, ceil_mode). Input: X. Outputs: Y, Indices (int64
     flat offsets into X)."""
     so = int_attr("MaxPool", "storage_order", storage_order, (0, 1))
-    need_idx = needs is None or (len(needs) > 1 and bool(needs[1]))
-    if needs is not None and len(needs) != 2:
-        raise ValueError(f"MaxPool: needs must have 2 entries, got {len(needs)}")
+    need_idx = needs_flags("MaxPool", needs, 2)[1]
     Y, idx = maxpool_forward("MaxPool", X, need_idx, auto_pad=auto_pad, ceil_mode=ceil_mode,
                              dilations=dilations, kernel_shape=kernel_shape, pads=pads,
                              strides=strides)

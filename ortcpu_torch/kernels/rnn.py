@@ -23,6 +23,8 @@ from ._checks import (
     float_input,
     fmt_shape,
     get_num_threads,
+    int_attr,
+    needs_flags,
     same_dtype,
     select_outputs,
 )
@@ -121,10 +123,15 @@ def _attrs(op, hidden_size, direction, activations, clip, defaults, input_forget
                          f"got {direction!r}")
     if clip is not None:
         raise ValueError(f"{op}: clip is not supported (ORT's training kernels reject it too)")
-    if input_forget:
+    if int_attr(op, "input_forget", input_forget) != 0:
         raise ValueError(f"{op}: input_forget must be 0 (as in ORT)")
     if activations is not None:
+        if not isinstance(activations, (list, tuple)):
+            raise TypeError(f"{op}: activations must be a list of names, got "
+                            f"{type(activations).__name__}")
         acts = [a.decode() if isinstance(a, bytes) else a for a in activations]
+        if not all(isinstance(a, str) for a in acts):
+            raise TypeError(f"{op}: activations must be a list of names (str), got {acts!r}")
         nd = len(_DIRS[direction])
         if [a.lower() for a in acts] != [d.lower() for d in defaults * nd]:
             raise ValueError(f"{op}: only the default activations {defaults} are supported, "
@@ -233,9 +240,7 @@ def LSTMGrad(X, W, R, SL=None, Ht0=None, Ct0=None, HAll=None, CAll=None, iofc=No
     dHFinal = _opt(op, "dHFinal", dHFinal, X, (D, Bt, H))
     dCFinal = _opt(op, "dCFinal", dCFinal, X, (D, Bt, H))
     P = _opt(op, "P", P, X, (D, 3 * H))
-    want = (True,) * 7 if needs is None else tuple(bool(n) for n in needs)
-    if len(want) != 7:
-        raise ValueError(f"{op}: needs must have 7 entries, got {len(want)}")
+    want = needs_flags(op, needs, 7)
 
     def per_dir(t, d):
         return None if t is None else t[:, d].contiguous()
@@ -299,9 +304,7 @@ def GRUGrad(X, W, R, B=None, SL=None, H0=None, HAll=None, ZRH=None, dHAll=None,
     ZRH = _req(op, "ZRH", ZRH, X, (S, D, Bt, 3 * H))
     dHAll = _opt(op, "dHAll", dHAll, X, (S, D, Bt, H))
     dHFinal = _opt(op, "dHFinal", dHFinal, X, (D, Bt, H))
-    want = (True,) * 5 if needs is None else tuple(bool(n) for n in needs)
-    if len(want) != 5:
-        raise ValueError(f"{op}: needs must have 5 entries, got {len(want)}")
+    want = needs_flags(op, needs, 5)
 
     def per_dir(t, d):
         return None if t is None else t[:, d].contiguous()

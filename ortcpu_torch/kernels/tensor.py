@@ -26,6 +26,7 @@ from ._checks import (
     float_input,
     fmt_shape,
     get_num_threads,
+    int_attr,
     normalize_axis,
     same_dtype,
 )
@@ -516,6 +517,8 @@ def ReduceSumTraining(data, axes, keepdims: int = 1, noop_with_empty_axes: int =
     if data.dtype not in FLOATS + INTS:
         raise TypeError(f"{op}: data must be float32, float64, int32 or int64, got {data.dtype}")
     ax = _int_list(op, "axes", axes)
+    keepdims = int_attr(op, "keepdims", keepdims, (0, 1))
+    noop_with_empty_axes = int_attr(op, "noop_with_empty_axes", noop_with_empty_axes, (0, 1))
     rank = data.dim()
     if not ax:
         if noop_with_empty_axes:
