@@ -1,4 +1,5 @@
-"""Bad input to every registry op: random, mostly wrong arguments (tensors of the wrong
+"""Bad input to every registry op and every ``ortcpu_torch.ops`` front end: random, mostly
+wrong arguments (tensors of the wrong
 dtype, rank or size, empty or 0-d tensors, NaN, tensors where an attribute belongs,
 strings, lists, None) must raise TypeError, ValueError or KernelError, never anything
 else and never crash, and must leave the caller's tensors as they were. Seeded, so a
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from ortcpu_torch import kernels as K
+from ortcpu_torch import ops
 from ortcpu_torch._native import KernelError
 
 ALLOWED = (TypeError, ValueError, KernelError)
@@ -53,17 +55,20 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
         b.nan_to_num() if b.is_floating_point() else b)
 
 
-@pytest.mark.parametrize("op", OPS)
-def test_random_bad_arguments(op):
-    f = K.get(op)
+def _fuzz(name: str, f, calls: int = 40) -> None:
     params = inspect.signature(f).parameters.values()
     positional = [p for p in params if p.kind is p.POSITIONAL_OR_KEYWORD]
     variadic = any(p.kind is p.VAR_POSITIONAL for p in params)
     keyword = [p for p in params if p.kind is p.KEYWORD_ONLY and p.name != "generator"]
-    rng = random.Random(op)
-    torch.manual_seed(len(op))
-    for _ in range(40):
-        args = [_value(rng) for _ in positional]
+    rng = random.Random(name)
+    torch.manual_seed(len(name))
+    for _ in range(calls):
+        # optional positionals are sometimes left at their defaults
+        n = len(positional)
+        while n and positional[n - 1].default is not inspect.Parameter.empty \
+                and rng.random() < 0.3:
+            n -= 1
+        args = [_value(rng) for _ in positional[:n]]
         if variadic:
             args += [_value(rng) for _ in range(rng.randrange(0, 3))]
         kwargs = {p.name: _value(rng) for p in keyword
@@ -74,10 +79,20 @@ def test_random_bad_arguments(op):
         except ALLOWED:
             for a, b in zip(args, before, strict=True):
                 if b is not None:
-                    assert _same(a, b), f"{op} changed an input before raising"
+                    assert _same(a, b), f"{name} changed an input before raising"
         except Exception as e:  # noqa: BLE001 -- the point: nothing else may escape
-            pytest.fail(f"{op}{tuple(type(a).__name__ for a in args)} {kwargs!r:.200} raised "
-                        f"{type(e).__name__}: {e}")
+            pytest.fail(f"{name}{tuple(type(a).__name__ for a in args)} {kwargs!r:.200} "
+                        f"raised {type(e).__name__}: {e}")
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_registry_random_bad_arguments(op):
+    _fuzz(op, K.get(op))
+
+
+@pytest.mark.parametrize("name", ops.__all__)
+def test_ops_random_bad_arguments(name):
+    _fuzz(name, getattr(ops, name))
 
 
 x4 = torch.randn(2, 3, 4, 4)
@@ -106,6 +121,14 @@ x4 = torch.randn(2, 3, 4, 4)
      ValueError, "needs must have 2 entries"),
     (lambda: K.ConvGrad(torch.randn(2, 4, 2, 2), x4, torch.randn(4, 3, 3, 3), needs="dx"),
      TypeError, "needs must be a sequence of 3 bools"),
+    (lambda: ops.dropout(torch.randn(4), 0.5, training=torch.ones(3)),
+     TypeError, "training must be a bool"),
+    (lambda: ops.softmax(torch.randn(4), 0, dtype=1), TypeError, "dtype must be a torch.dtype"),
+    (lambda: ops.linear(torch.randn(2, 3), None), TypeError, "weight must be a torch.Tensor"),
+    (lambda: ops.rms_norm(torch.randn(2, 3), (3,), [1.0, 1.0, 1.0]),
+     TypeError, "weight must be a torch.Tensor or None"),
+    (lambda: ops.batch_norm(x4, None, None, training=True, momentum=torch.ones(2)),
+     TypeError, "momentum must be a float"),
 ])
 def test_attribute_errors_name_the_attribute(call, exc, match):
     with pytest.raises(exc, match=match):

@@ -38,6 +38,19 @@ def float_attr(op: str, name: str, value) -> float:
     return float(value)
 
 
+def bool_arg(op: str, name: str, value) -> bool:
+    """A flag argument: a bool, an int or a one-element tensor, else a TypeError naming it
+    (``if value`` on a bigger tensor would raise torch's unnamed RuntimeError)."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise TypeError(f"{op}: {name} must be a bool, got a tensor of shape "
+                            f"{fmt_shape(value)}")
+        return bool(value.item())
+    if not isinstance(value, (bool, int)):
+        raise TypeError(f"{op}: {name} must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
 def int_attr(op: str, name: str, value, allowed=None) -> int:
     """An int attribute (a one-element integer tensor is accepted, a bool is not), or a
     TypeError naming it; ``allowed`` restricts the values (ValueError)."""

@@ -274,7 +274,7 @@ def _nd_rows(op, shp, idx, batch_dims):
         raise ValueError(f"{op}: the first batch_dims={b} dims of indices {fmt_shape(idx)} "
                          f"must equal the data's {tuple(shp[:b])}")
     nb = _prod(shp[:b])
-    idx2 = idx.reshape(nb, -1, k) if k > 0 else idx.reshape(nb, -1, 0)
+    idx2 = idx.reshape(nb, _prod(idx.shape[b:-1]), k)  # no -1: k or a dim may be 0
     row = torch.zeros(idx2.shape[:2], dtype=torch.int64)
     m = 1
     for j in range(k - 1, -1, -1):

@@ -11,6 +11,7 @@ import functools
 import torch
 
 from ..kernels import activations as K
+from ..kernels._checks import bool_arg
 
 
 def once_differentiable(backward):
@@ -139,7 +140,7 @@ def leaky_relu(input: torch.Tensor, negative_slope: float = 0.01, inplace: bool 
     """Like ``torch.nn.functional.leaky_relu``; ``inplace`` writes the result into ``input``
     and returns it."""
     slope = K.float_attr("leaky_relu", "negative_slope", negative_slope)
-    if not inplace:
+    if not bool_arg("leaky_relu", "inplace", inplace):
         return _Pointwise.apply(input, "LeakyRelu", slope)
     if isinstance(input, torch.Tensor) and input.requires_grad and input.is_leaf \
             and torch.is_grad_enabled():
@@ -164,15 +165,21 @@ class _Softmax(torch.autograd.Function):
         return K.softmax_backward(ctx.op, dy, y, ctx.dim, ctx.log, False), None, None, None
 
 
-def _softmax_input(input: torch.Tensor, dtype):
+def _softmax_input(op: str, input: torch.Tensor, dtype):
+    if not isinstance(input, torch.Tensor):
+        raise TypeError(f"{op}: input must be a torch.Tensor, got {type(input).__name__}")
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise TypeError(f"{op}: dtype must be a torch.dtype or None, got "
+                        f"{type(dtype).__name__}")
     return input.to(dtype) if dtype is not None else input
 
 
 def softmax(input: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Softmax along ``dim`` (ORT Softmax-13 / SoftmaxGrad_13)."""
-    return _Softmax.apply(_softmax_input(input, dtype), dim, False, "softmax")
+    return _Softmax.apply(_softmax_input("softmax", input, dtype), dim, False, "softmax")
 
 
 def log_softmax(input: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Log-softmax along ``dim`` (ORT LogSoftmax-13 / LogSoftmaxGrad_13)."""
-    return _Softmax.apply(_softmax_input(input, dtype), dim, True, "log_softmax")
+    return _Softmax.apply(_softmax_input("log_softmax", input, dtype), dim, True,
+                          "log_softmax")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import batchnorm as K
+from ..kernels._checks import bool_arg, float_attr
 from .activations import once_differentiable
 
 
@@ -71,5 +72,8 @@ def batch_norm(input: torch.Tensor, running_mean: torch.Tensor | None,
     momentum·batch`` with the unbiased batch variance (torch). ORT's convention
     (BatchNormInternal): ``momentum = 1 - ort_momentum`` and
     ``unbiased_running_var=False``. Backward: ORT BatchNormalizationGrad."""
-    return _BatchNorm.apply(input, weight, bias, running_mean, running_var, bool(training),
-                            float(momentum), float(eps), bool(unbiased_running_var))
+    op = "batch_norm"
+    return _BatchNorm.apply(input, weight, bias, running_mean, running_var,
+                            bool_arg(op, "training", training),
+                            float_attr(op, "momentum", momentum), float_attr(op, "eps", eps),
+                            bool_arg(op, "unbiased_running_var", unbiased_running_var))

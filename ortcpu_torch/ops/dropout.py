@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import dropout as K
+from ..kernels._checks import bool_arg
 from .activations import once_differentiable
 
 
@@ -37,10 +38,11 @@ def dropout_with_mask(input: torch.Tensor, p: float = 0.5, training: bool = True
     if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
         raise ValueError(f"{op}: dropout probability has to be between 0 and 1, but got {p}")
     K.float_input(op, "input", input)
-    if not training or p == 0.0:
+    inplace = bool_arg(op, "inplace", inplace)
+    if not bool_arg(op, "training", training) or p == 0.0:
         return input, None
     seed = K.draw_seed(generator)
-    return _Dropout.apply(input, float(p), seed, bool(inplace))
+    return _Dropout.apply(input, float(p), seed, inplace)
 
 
 def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False,

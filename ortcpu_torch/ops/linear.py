@@ -52,7 +52,7 @@ def linear(input: torch.Tensor, weight: torch.Tensor,
     [out_features, in_features], ``bias`` [out_features] or None; float32 or float64."""
     op = "linear"
     for name, t in (("input", input), ("weight", weight), ("bias", bias)):
-        if t is not None and not isinstance(t, torch.Tensor):
+        if not isinstance(t, torch.Tensor) and (t is not None or name != "bias"):
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
     if weight.dim() != 2:
         raise ValueError(f"{op}: weight must be 2-D [out_features, in_features], got shape "

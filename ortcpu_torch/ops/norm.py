@@ -22,6 +22,8 @@ def _shape(op: str, x: torch.Tensor, normalized_shape) -> tuple[int, ...]:
 
 
 def _param(op: str, name: str, t, shp):
+    if t is not None and not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor or None, got {type(t).__name__}")
     if t is not None and tuple(t.shape) != shp:
         raise ValueError(f"{op}: {name} must have shape {list(shp)}, got {list(t.shape)}")
     return t

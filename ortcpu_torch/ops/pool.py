@@ -183,9 +183,9 @@ def avg_pool3d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
 def adaptive_avg_pool2d(input, output_size):
     """Like ``torch.nn.functional.adaptive_avg_pool2d`` for output size 1 or (1, 1)
     (GlobalAveragePool); other sizes raise ValueError."""
-    if output_size not in (1, (1, 1), [1, 1], (1, None), (None, 1)) and not (
-            isinstance(output_size, (tuple, list)) and len(output_size) == 2 and
-            all(v in (1, None) for v in output_size)):
+    sizes = (output_size,) * 2 if isinstance(output_size, int) else output_size
+    if not (isinstance(sizes, (tuple, list)) and len(sizes) == 2
+            and all(v is None or (isinstance(v, int) and v == 1) for v in sizes)):
         raise ValueError(f"adaptive_avg_pool2d: only output_size 1 or (1, 1) is supported, "
                          f"got {output_size!r}")
     x, unbatched = _batched("adaptive_avg_pool2d", 2, input)

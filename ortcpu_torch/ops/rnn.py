@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import rnn as K
-from ..kernels._checks import float_input, fmt_shape
+from ..kernels._checks import bool_arg, float_input, fmt_shape
 from .activations import once_differentiable
 
 
@@ -123,10 +123,13 @@ class _GRUDir(torch.autograd.Function):
 
 def lstm_direction(x, w, r, b=None, p=None, h0=None, c0=None, reverse: bool = False):
     """One LSTM direction in ORT's layout (see the module docstring)."""
-    return _LSTMDir.apply(x, w, r, b, p, h0, c0, bool(reverse))
+    return _LSTMDir.apply(x, w, r, b, p, h0, c0, bool_arg("lstm_direction", "reverse", reverse))
 
 
 def gru_direction(x, w, r, b=None, h0=None, linear_before_reset: int = 0,
                   reverse: bool = False):
     """One GRU direction in ORT's layout (see the module docstring)."""
-    return _GRUDir.apply(x, w, r, b, h0, int(bool(linear_before_reset)), bool(reverse))
+    op = "gru_direction"
+    return _GRUDir.apply(x, w, r, b, h0, int(bool_arg(op, "linear_before_reset",
+                                                      linear_before_reset)),
+                         bool_arg(op, "reverse", reverse))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import tensor as K
+from ..kernels._checks import bool_arg
 from .activations import once_differentiable
 
 
@@ -40,9 +41,9 @@ def embedding(input: torch.Tensor, weight: torch.Tensor, padding_idx: int | None
     if max_norm is not None:
         raise ValueError("embedding: max_norm is not supported by ortcpu_torch (it renormalises "
                          "weight in place); use torch.nn.functional.embedding")
-    if scale_grad_by_freq:
+    if bool_arg("embedding", "scale_grad_by_freq", scale_grad_by_freq):
         raise ValueError("embedding: scale_grad_by_freq is not supported")
-    if sparse:
+    if bool_arg("embedding", "sparse", sparse):
         raise ValueError("embedding: sparse gradients are not supported")
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         raise ValueError("embedding: weight must be a 2-D tensor [num_embeddings, embedding_dim]")
