@@ -53,6 +53,13 @@ def bn_train_forward(op: str, x, scale, bias, eps: float, names=("X", "scale", "
     eps = float_attr(op, "epsilon", eps)
     if not eps >= 0:
         raise ValueError(f"{op}: epsilon must be >= 0, got {eps}")
+    return bn_train_core(op, x, scale, bias, eps)
+
+
+def bn_train_core(op: str, x: torch.Tensor, scale, bias, eps: float):
+    """bn_train_forward on checked arguments: ``x`` contiguous [N, C, ...], ``scale`` /
+    ``bias`` contiguous [C] of x's dtype or None (``channel_vec``), ``eps`` >= 0."""
+    n, c, s = ncs(op, x)
     y = empty_like(x)
     mean = torch.empty(c, dtype=x.dtype)
     var = torch.empty(c, dtype=x.dtype)
@@ -103,6 +110,16 @@ def bn_backward(op: str, dy, x, scale, mean, inv_std, training: bool = True,
     scale = channel_vec(op, names[2], scale, x, c, names[1])
     mean = channel_vec(op, names[3], mean, x, c, names[1], cast=True)
     inv_std = channel_vec(op, names[4], inv_std, x, c, names[1], cast=True)
+    return bn_backward_core(op, dy, x, scale, mean, inv_std, training, need_dscale,
+                            need_dbias)
+
+
+def bn_backward_core(op: str, dy: torch.Tensor, x: torch.Tensor, scale, mean: torch.Tensor,
+                     inv_std: torch.Tensor, training: bool, need_dscale: bool,
+                     need_dbias: bool):
+    """bn_backward on checked arguments: ``dy`` and ``x`` contiguous, same shape and
+    dtype; ``scale`` (or None), ``mean``, ``inv_std`` contiguous [C] of x's dtype."""
+    n, c, s = ncs(op, x)
     dx = empty_like(x)
     dscale = torch.empty(c, dtype=x.dtype) if need_dscale else None
     dbias = torch.empty(c, dtype=x.dtype) if need_dbias else None

@@ -82,6 +82,12 @@ def conv_geometry(op: str, X: torch.Tensor, W: torch.Tensor, auto_pad="NOTSET",
 
 
 def conv_forward(op, X, W, B=None, **attrs):
+    return conv_forward_geom(op, X, W, B, **attrs)[0]
+
+
+def conv_forward_geom(op, X, W, B=None, **attrs):
+    """(Y, geom): conv_forward plus the checked geometry, which conv_backward can take
+    for the same X and W instead of re-deriving it from the attributes."""
     X = float_input(op, "X", X)
     W = float_input(op, "W", W)
     same_dtype(op, "X", X, "W", W)
@@ -96,19 +102,22 @@ def conv_forward(op, X, W, B=None, **attrs):
     st = native_fn("conv_forward", X.dtype)(ptr(X), ptr(W), ptr(B), ptr(Y), geom,
                                             get_num_threads())
     check_status(st, op)
-    return Y
+    return Y, geom
 
 
-def conv_backward(op, dY, X, W, need=(True, True, True), **attrs):
+def conv_backward(op, dY, X, W, need=(True, True, True), geom=None, **attrs):
+    """(dX, dW, dB), None where ``need`` says so. ``geom``: from conv_forward_geom on the
+    same X and W, with dY of its output's shape (the autograd front ends)."""
     X = float_input(op, "X", X)
     W = float_input(op, "W", W)
     dY = float_input(op, "dY", dY)
     same_dtype(op, "X", X, "W", W)
     same_dtype(op, "X", X, "dY", dY)
-    geom, out_shape = conv_geometry(op, X, W, **attrs)
-    if tuple(dY.shape) != tuple(out_shape):
-        raise ValueError(f"{op}: dY must have the Conv output shape {out_shape}, got "
-                         f"{fmt_shape(dY)}")
+    if geom is None:
+        geom, out_shape = conv_geometry(op, X, W, **attrs)
+        if tuple(dY.shape) != tuple(out_shape):
+            raise ValueError(f"{op}: dY must have the Conv output shape {out_shape}, got "
+                             f"{fmt_shape(dY)}")
     dX = empty(X.shape, X.dtype) if need[0] else None
     dW = empty(W.shape, X.dtype) if need[1] else None
     dB = empty((W.shape[0],), X.dtype) if need[2] else None

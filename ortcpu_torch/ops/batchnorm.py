@@ -17,14 +17,15 @@ class _BatchNorm(torch.autograd.Function):
         op = "batch_norm"
         x = K.float_input(op, "input", x)
         n, c, s = K.ncs(op, x, "input")
-        for name, t in (("running_mean", running_mean), ("running_var", running_var)):
-            K.channel_vec(op, name, t, x, c, "input", cast=True)
+        rm = K.channel_vec(op, "running_mean", running_mean, x, c, "input", cast=True)
+        rv = K.channel_vec(op, "running_var", running_var, x, c, "input", cast=True)
+        scale = K.channel_vec(op, "weight", weight, x, c, "input")
+        shift = K.channel_vec(op, "bias", bias, x, c, "input")
         if training:
             if n * s <= 1:
                 raise ValueError(f"{op}: expected more than 1 value per channel when "
                                  f"training, got input size {list(x.shape)}")
-            y, mean, var, inv = K.bn_train_forward(op, x, weight, bias, eps,
-                                                   names=("input", "weight", "bias"))
+            y, mean, var, inv = K.bn_train_core(op, x, scale, shift, eps)
             with torch.no_grad():
                 if running_mean is not None:
                     running_mean.mul_(1.0 - momentum).add_(mean.to(running_mean.dtype),
@@ -35,30 +36,27 @@ class _BatchNorm(torch.autograd.Function):
                     running_var.mul_(1.0 - momentum).add_(v.to(running_var.dtype),
                                                           alpha=momentum)
         else:
-            if running_mean is None or running_var is None:
+            if rm is None or rv is None:
                 raise ValueError(f"{op}: running_mean and running_var are required when "
                                  f"training is False")
-            K.channel_vec(op, "weight", weight, x, c, "input")
-            K.channel_vec(op, "bias", bias, x, c, "input")
-            inv = torch.rsqrt(running_var.double() + eps)
-            mean = running_mean.to(x.dtype)
-            a = inv * (weight.double() if weight is not None else 1.0)
-            b = (bias.double() if bias is not None else 0.0) - running_mean.double() * a
+            inv = torch.rsqrt(running_var.double().view(c) + eps)
+            mean = rm
+            a = inv * (scale.double() if scale is not None else 1.0)
+            b = (shift.double() if shift is not None else 0.0) - running_mean.double().view(c) * a
             y = K.bn_apply(op, x, a.to(x.dtype), b.to(x.dtype))
             inv = inv.to(x.dtype)
-        ctx.save_for_backward(x, weight, mean, inv)
+        ctx.save_for_backward(x, scale, mean, inv)
         ctx.training, ctx.has_bias = training, bias is not None
         return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
-        x, weight, mean, inv = ctx.saved_tensors
-        need_w = weight is not None and ctx.needs_input_grad[1]
+        x, scale, mean, inv = ctx.saved_tensors
+        need_w = scale is not None and ctx.needs_input_grad[1]
         need_b = ctx.has_bias and ctx.needs_input_grad[2]
-        dx, dw, db = K.bn_backward("batch_norm", dy, x, weight, mean, inv, ctx.training,
-                                   need_w, need_b,
-                                   names=("grad_output", "input", "weight", "mean", "inv_std"))
+        dx, dw, db = K.bn_backward_core("batch_norm", dy.contiguous(), x, scale, mean, inv,
+                                        ctx.training, need_w, need_b)
         return dx, dw, db, None, None, None, None, None, None
 
 
@@ -73,7 +71,10 @@ def batch_norm(input: torch.Tensor, running_mean: torch.Tensor | None,
     (BatchNormInternal): ``momentum = 1 - ort_momentum`` and
     ``unbiased_running_var=False``. Backward: ORT BatchNormalizationGrad."""
     op = "batch_norm"
+    eps = float_attr(op, "eps", eps)
+    if not eps >= 0:
+        raise ValueError(f"{op}: eps must be >= 0, got {eps}")
     return _BatchNorm.apply(input, weight, bias, running_mean, running_var,
                             bool_arg(op, "training", training),
-                            float_attr(op, "momentum", momentum), float_attr(op, "eps", eps),
+                            float_attr(op, "momentum", momentum), eps,
                             bool_arg(op, "unbiased_running_var", unbiased_running_var))

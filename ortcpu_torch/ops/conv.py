@@ -29,9 +29,9 @@ def _tuple(name: str, v, n: int, minimum: int) -> list[int]:
 class _Conv(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, b, attrs: dict, op: str):
-        y = K.conv_forward(op, x, w, b, **attrs)
+        y, ctx.geom = K.conv_forward_geom(op, x, w, b, **attrs)
         ctx.save_for_backward(x, w)
-        ctx.attrs, ctx.op, ctx.has_bias = attrs, op, b is not None
+        ctx.op, ctx.has_bias = op, b is not None
         return y
 
     @staticmethod
@@ -40,7 +40,7 @@ class _Conv(torch.autograd.Function):
         x, w = ctx.saved_tensors
         need = (ctx.needs_input_grad[0], ctx.needs_input_grad[1],
                 ctx.has_bias and ctx.needs_input_grad[2])
-        dx, dw, db = K.conv_backward(ctx.op, dy.contiguous(), x, w, need, **ctx.attrs)
+        dx, dw, db = K.conv_backward(ctx.op, dy.contiguous(), x, w, need, geom=ctx.geom)
         return dx, dw, db, None, None
 
 
