@@ -767,18 +767,29 @@ def wrap(model: torch.nn.Module, *, fallback: str = "warn", include=None, exclud
                                   "are still routed"))
             continue
         swaps.append((qualname, m, entry))
-    done: dict[int, torch.nn.Module] = {}  # a module reused under several names: one swap
+    # build every swap before changing the model: with fallback="error" a configuration
+    # we cannot run raises with the model untouched
+    built: dict[int, tuple] = {}  # a module reused under several names: one swap
     for qualname, m, entry in swaps:
-        new = done.get(id(m))
+        if id(m) not in built:
+            built[id(m)] = (*_build_swap(entry, m, qualname, state), qualname)
+    for qualname, m, entry in swaps:
+        new, why, first = built[id(m)]
+        if qualname != first:
+            continue  # reported (and counted) under the first name
         if new is None:
-            new, why = _build_swap(entry, m, qualname, state)
-            if new is None:
-                state.skipped.append((qualname, entry.torch_name, why))
-                continue
-            done[id(m)] = new
-            state.modules[qualname] = {"type": entry.torch_name, "ours": type(new).__mro__[1],
-                                       "stats": _Stats()}
-        _set_child(model, qualname, new)
+            # a supported module type in a configuration our kernels do not take: torch
+            # runs it, and that is a fallback like any other (warned / raised per policy)
+            state.skipped.append((qualname, entry.torch_name, why))
+            state.fell_back(f"{qualname} ({entry.torch_name})", entry.torch_name, _Stats(),
+                            why)
+            continue
+        state.modules[qualname] = {"type": entry.torch_name, "ours": type(new).__mro__[1],
+                                   "stats": _Stats()}
+    for qualname, m, _entry in swaps:
+        new = built[id(m)][0]
+        if new is not None:
+            _set_child(model, qualname, new)
     state.torch_only = torch_only
     object.__setattr__(model, _STATE_ATTR, state)
     model.register_forward_pre_hook(_EnterHook(state))

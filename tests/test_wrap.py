@@ -807,7 +807,8 @@ def test_stand_in_with_other_parameter_names_is_refused(monkeypatch, stand_ins):
             self.gamma = nn.Parameter(torch.ones(normalized_shape))
 
     monkeypatch.setattr(ONN, "LayerNorm", LayerNorm)
-    holder = wrap(nn.Sequential(nn.LayerNorm(4)))
+    with pytest.warns(FallbackWarning, match="parameters/buffers"):
+        holder = wrap(nn.Sequential(nn.LayerNorm(4)))
     assert type(holder[0]) is nn.LayerNorm
     assert "parameters/buffers" in report(holder, file=None).skipped[0]["reason"]
 
@@ -950,3 +951,28 @@ def test_cnn_and_lstm_models_match_and_train(which):
             o.step()
             acc.append(loss.item())
     torch.testing.assert_close(torch.tensor(lw_), torch.tensor(lr_), rtol=1e-3, atol=1e-4)
+
+
+@needs_nn("LSTM")
+def test_unsupported_configuration_is_a_fallback():
+    # LSTM with projections has no ORT kernel: torch keeps it, and wrap says so once per
+    # the fallback policy (warn / error with the model untouched / silent)
+    def model():
+        return nn.Sequential(nn.Linear(4, 4), nn.LSTM(4, 5, proj_size=3))
+
+    with pytest.warns(FallbackWarning, match="proj_size") as rec:
+        m = wrap(model())
+    assert sum(issubclass(w.category, FallbackWarning) for w in rec) == 1
+    assert type(m[1]) is nn.LSTM and type(m[0]) is not nn.Linear
+    skipped = report(m, file=None).skipped
+    assert [d["name"] for d in skipped] == ["1"] and "proj_size" in skipped[0]["reason"]
+
+    m = model()
+    with pytest.raises(FallbackError, match="proj_size"):
+        wrap(m, fallback="error")
+    assert type(m[0]) is nn.Linear and type(m[1]) is nn.LSTM  # nothing was swapped
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m = wrap(model(), fallback="silent")
+    assert type(m[1]) is nn.LSTM
