@@ -70,6 +70,10 @@ def labels_input(op: str, name: str, label, sample_shape, c: int,
         raise ValueError(f"{op}: {name} must have shape {tuple(sample_shape)}, got "
                          f"{fmt_shape(label)}")
     lab = label.to(torch.int64).contiguous()
+    if lab.numel():
+        lo, hi = torch.aminmax(lab)  # the common case in one pass: every label in range
+        if int(lo) >= 0 and int(hi) < c:
+            return lab
     bad = (lab < 0) | (lab >= c)
     if ignore_index is not None:
         bad &= lab != ignore_index
