@@ -242,6 +242,10 @@ def test_errors(tmp_path):
         w.add_scalar("a", torch.ones(2))
     with pytest.raises(TypeError, match="global_step must be an int"):
         w.add_scalar("a", 1.0, "x")
+    with pytest.raises(ValueError, match="global_step must hold one value"):
+        w.add_scalar("a", 1.0, torch.arange(3))
+    with pytest.raises(ValueError, match="walltime must hold one value"):
+        w.add_scalar("a", 1.0, 3, torch.ones(2))
     with pytest.raises(TypeError, match="add_histogram: tag must be a str"):
         w.add_histogram(1, torch.ones(2))
     with pytest.raises(ValueError, match="empty"):

@@ -79,6 +79,9 @@ def _step(what: str, global_step):
     if global_step is None:
         return None
     if isinstance(global_step, torch.Tensor):
+        if global_step.numel() != 1:
+            raise ValueError(f"SummaryWriter.{what}: global_step must hold one value, got a "
+                             f"tensor of shape {tuple(global_step.shape)}")
         global_step = global_step.item()
     if isinstance(global_step, bool) or not isinstance(global_step, numbers.Integral):
         if isinstance(global_step, numbers.Real) and float(global_step).is_integer():
@@ -186,8 +189,9 @@ class SummaryWriter:
         if not self.active:
             return
         event_pb2, _ = _pb()
-        ev = event_pb2.Event(wall_time=time.time() if walltime is None else float(walltime),
-                             summary=summary)
+        ev = event_pb2.Event(
+            wall_time=time.time() if walltime is None else _scalar("add_*", "walltime", walltime),
+            summary=summary)
         if global_step is not None:
             ev.step = global_step
         self._writer.add_record(ev.SerializeToString())
