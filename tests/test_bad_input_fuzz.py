@@ -1,5 +1,5 @@
-"""Bad input to every registry op and every ``ortcpu_torch.ops`` front end: random, mostly
-wrong arguments (tensors of the wrong
+"""Bad input to every registry op, every ``ortcpu_torch.ops`` front end and the ``nn``
+modules: random, mostly wrong arguments (tensors of the wrong
 dtype, rank or size, empty or 0-d tensors, NaN, tensors where an attribute belongs,
 strings, lists, None) must raise TypeError, ValueError or KernelError, never anything
 else and never crash, and must leave the caller's tensors as they were. Seeded, so a
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from ortcpu_torch import kernels as K
-from ortcpu_torch import ops
+from ortcpu_torch import nn, ops
 from ortcpu_torch._native import KernelError
 
 ALLOWED = (TypeError, ValueError, KernelError)
@@ -95,6 +95,37 @@ def test_ops_random_bad_arguments(name):
     _fuzz(name, getattr(ops, name))
 
 
+_MODULES = {
+    "GELU": lambda: nn.GELU(), "LeakyReLU": lambda: nn.LeakyReLU(),
+    "Softmax": lambda: nn.Softmax(1), "LogSoftmax": lambda: nn.LogSoftmax(-1),
+    "LayerNorm": lambda: nn.LayerNorm(3), "RMSNorm": lambda: nn.RMSNorm(3),
+    "BatchNorm1d": lambda: nn.BatchNorm1d(3), "BatchNorm2d": lambda: nn.BatchNorm2d(3),
+    "BatchNorm3d": lambda: nn.BatchNorm3d(3), "CrossEntropyLoss": lambda: nn.CrossEntropyLoss(),
+    "Dropout": lambda: nn.Dropout(0.3), "Conv1d": lambda: nn.Conv1d(3, 2, 3),
+    "Conv2d": lambda: nn.Conv2d(3, 2, 3), "Conv3d": lambda: nn.Conv3d(3, 2, 2),
+    "MaxPool2d": lambda: nn.MaxPool2d(2), "AvgPool2d": lambda: nn.AvgPool2d(2),
+    "AdaptiveAvgPool2d": lambda: nn.AdaptiveAvgPool2d(1), "Linear": lambda: nn.Linear(3, 2),
+    "Embedding": lambda: nn.Embedding(5, 3), "LSTM": lambda: nn.LSTM(3, 2),
+    "GRU": lambda: nn.GRU(3, 2, batch_first=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_MODULES))
+def test_nn_modules_random_bad_inputs(name):
+    module = _MODULES[name]()
+    rng = random.Random(name)
+    torch.manual_seed(len(name))
+    for _ in range(40):
+        args = [_value(rng) for _ in range(2 if name == "CrossEntropyLoss" else 1)]
+        try:
+            module(*args)
+        except ALLOWED:
+            pass
+        except Exception as e:  # noqa: BLE001
+            pytest.fail(f"nn.{name}{tuple(type(a).__name__ for a in args)} raised "
+                        f"{type(e).__name__}: {e}")
+
+
 x4 = torch.randn(2, 3, 4, 4)
 
 
@@ -129,6 +160,7 @@ x4 = torch.randn(2, 3, 4, 4)
      TypeError, "weight must be a torch.Tensor or None"),
     (lambda: ops.batch_norm(x4, None, None, training=True, momentum=torch.ones(2)),
      TypeError, "momentum must be a float"),
+    (lambda: nn.BatchNorm2d(3)([1.0]), TypeError, "BatchNorm2d: input must be a torch.Tensor"),
 ])
 def test_attribute_errors_name_the_attribute(call, exc, match):
     with pytest.raises(exc, match=match):

@@ -37,6 +37,9 @@ class _BatchNormMixin:
     unbiased_running_var = True
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not isinstance(input, torch.Tensor):
+            raise TypeError(f"{type(self).__name__}: input must be a torch.Tensor, got "
+                            f"{type(input).__name__}")
         self._check_input_dim(input)
         momentum = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
