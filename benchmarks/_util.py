@@ -1,5 +1,6 @@
 """Helpers shared by the benchmark scripts: thread settings, the streaming-copy
-bandwidth probe, robust statistics and a description of the machine."""
+bandwidth probe, robust statistics, a description of the machine, and measuring in
+several fresh processes."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import platform
 import resource
 import statistics
 import subprocess
+import sys
+import tempfile
 import time
 
 import torch
@@ -186,3 +189,46 @@ def write_results(stem: str, result: dict, markdown_text: str) -> None:
         f.write(markdown_text)
     print(f"\nwrote benchmarks/results/{stem}.json and {stem}.md")
 
+
+
+def rows_from_processes(module: str, child_args: list[str], procs: int) -> list[list[dict]]:
+    """Run ``python -m <module> --procs 1 --json PATH <child_args>`` in ``procs`` fresh
+    processes and return each one's rows. Each process gets its own physical pages, and
+    on this machine a memory-bound loop runs up to 2x faster on some than on others
+    (``python -m benchmarks.placement``): a ratio measured in one process is one draw."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(procs):
+            path = os.path.join(tmp, f"{i}.json")
+            print(f"-- process {i + 1}/{procs}", flush=True)
+            subprocess.run([sys.executable, "-m", module, "--procs", "1", "--json", path,
+                            *child_args], check=True, cwd=root)
+            with open(path) as f:
+                out.append(json.load(f))
+    return out
+
+
+def median_over_processes(per_process: list[list[dict]], key, numeric: tuple[str, ...],
+                          ratio: str = "ratio", maximum: tuple[str, ...] = ()) -> list[dict]:
+    """One row per ``key(row)``, in first-seen order: the first process's row with each
+    ``numeric`` field replaced by its median over the processes (None entries skipped),
+    each ``maximum`` field by its maximum, plus ``<ratio>_lo`` / ``<ratio>_hi`` (the range
+    of ``ratio``) and ``processes``."""
+    groups: dict = {}
+    for rows in per_process:
+        for r in rows:
+            groups.setdefault(key(r), []).append(r)
+    merged = []
+    for rows in groups.values():
+        row = dict(rows[0])
+        for k in numeric:
+            vals = [r[k] for r in rows if r.get(k) is not None]
+            row[k] = statistics.median(vals) if vals else None
+        for k in maximum:
+            row[k] = max(r[k] for r in rows)
+        row[ratio + "_lo"] = min(r[ratio] for r in rows)
+        row[ratio + "_hi"] = max(r[ratio] for r in rows)
+        row["processes"] = len(rows)
+        merged.append(row)
+    return merged

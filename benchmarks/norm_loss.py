@@ -33,9 +33,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 
 import torch
@@ -179,42 +176,20 @@ def run_cases(a, reps: int) -> list[dict]:
     return out
 
 
-def _child_argv(a, json_path: str) -> list[str]:
-    argv = [sys.executable, "-m", "benchmarks.norm_loss", "--procs", "1", "--json", json_path,
-            "--threads", str(a.threads)]
-    argv += ["--quick"] * a.quick + ["--cpu"] * a.cpu
+def _child_args(a) -> list[str]:
+    argv = ["--threads", str(a.threads)] + ["--quick"] * a.quick + ["--cpu"] * a.cpu
     argv += ["--reps", str(a.reps)] if a.reps else []
     return argv + list(a.filter)
 
 
 def run_in_processes(a) -> list[dict]:
-    """Each case measured in ``a.procs`` fresh processes (each gets its own physical pages,
-    whose speed differs up to 2x here: ``benchmarks.placement``); per case the medians
-    over the processes, and the range of the ratio."""
-    per_case: dict[str, list[dict]] = {}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with tempfile.TemporaryDirectory() as tmp:
-        for i in range(a.procs):
-            path = os.path.join(tmp, f"{i}.json")
-            print(f"-- process {i + 1}/{a.procs}", flush=True)
-            subprocess.run(_child_argv(a, path), check=True, cwd=root)
-            with open(path) as f:
-                for r in json.load(f):
-                    per_case.setdefault(r["case"], []).append(r)
-    med = statistics.median
-    out = []
-    for rows in per_case.values():
-        row = dict(rows[0])
-        for k in ("ours_ms", "torch_ms", "ratio", "ratio_min", "ours_faults", "torch_faults",
-                  "loadavg"):
-            row[k] = med(r[k] for r in rows)
-        floors = [r["floor_ms"] for r in rows if r["floor_ms"] is not None]
-        row["floor_ms"] = med(floors) if floors else None
-        row["foreign_share"] = max(r["foreign_share"] for r in rows)
-        row["ratio_lo"] = min(r["ratio"] for r in rows)
-        row["ratio_hi"] = max(r["ratio"] for r in rows)
-        out.append(row)
-    return out
+    """Each case measured in ``a.procs`` fresh processes; per case the medians over the
+    processes, and the range of the ratio."""
+    per_process = _util.rows_from_processes("benchmarks.norm_loss", _child_args(a), a.procs)
+    return _util.median_over_processes(
+        per_process, key=lambda r: r["case"],
+        numeric=("ours_ms", "torch_ms", "ratio", "ratio_min", "ours_faults", "torch_faults",
+                 "floor_ms", "loadavg"), maximum=("foreign_share",))
 
 
 def _write(a, reps: int, out: list[dict]) -> None:
