@@ -821,15 +821,17 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 _OPTIM_KEEP_OUT = frozenset({"params", "foreach", "fused", "capturable", "differentiable"})
 
 
-def _swap_optimizer(model, optimizer, state: _State):
+def _convert_optimizer(optimizer):
+    """``(optimizer to use, what happened, fell_back)``. ``fell_back``: an optimizer type
+    we have, kept on torch because of one of its settings (a fallback under wrap's policy;
+    a type we do not have at all is just reported, like a torch.nn type without a kernel).
+    The model is not touched."""
     if optimizer is None:
-        state.optimizer = "none given"
-        return None
+        return None, "none given", False
     name = type(optimizer).__name__
     if type(optimizer) not in (torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD):
-        state.optimizer = f"{type(optimizer).__module__}.{name} kept (no ortcpu_torch " \
-                          "counterpart)"
-        return optimizer
+        return optimizer, f"{type(optimizer).__module__}.{name} kept (no ortcpu_torch " \
+                          "counterpart)", False
     try:
         optim = importlib.import_module(f"{__package__}.optim")
     except ModuleNotFoundError as e:
@@ -838,15 +840,13 @@ def _swap_optimizer(model, optimizer, state: _State):
         optim = None
     ours = getattr(optim, name, None) if optim is not None else None
     if ours is None:
-        state.optimizer = f"torch.optim.{name} kept: ortcpu_torch.optim.{name} is not " \
-                          "available in this build"
-        return optimizer
+        return optimizer, f"torch.optim.{name} kept: ortcpu_torch.optim.{name} is not " \
+                          "available in this build", False
     accepted = _accepted(ours.__init__)
     for g in optimizer.param_groups:
         for k in ("capturable", "differentiable"):
             if g.get(k):
-                state.optimizer = f"torch.optim.{name} kept: {k}=True is not supported"
-                return optimizer
+                return optimizer, f"torch.optim.{name} kept: {k}=True is not supported", True
     # a torch setting our optimizer does not take must be at torch's default, else keep
     # torch's optimizer (it changes the arithmetic); keys torch's constructor does not
     # know (e.g. an LR scheduler's initial_lr) are carried over as they are
@@ -863,9 +863,8 @@ def _swap_optimizer(model, optimizer, state: _State):
             elif k in torch_defaults:
                 d = torch_defaults[k]
                 if not (v is d or (not isinstance(v, torch.Tensor) and v == d)):
-                    state.optimizer = f"torch.optim.{name} kept: {k}={v!r} is not supported " \
-                                      f"by ortcpu_torch.optim.{name}"
-                    return optimizer
+                    return optimizer, f"torch.optim.{name} kept: {k}={v!r} is not " \
+                                      f"supported by ortcpu_torch.optim.{name}", True
             else:
                 extra[k] = v
         groups.append((g, opts, extra))
@@ -874,17 +873,15 @@ def _swap_optimizer(model, optimizer, state: _State):
     try:
         new = ours([{"params": g["params"], **opts} for g, opts, _ in groups], **defaults)
     except (TypeError, ValueError) as e:
-        state.optimizer = f"torch.optim.{name} kept: ortcpu_torch.optim.{name} rejected " \
-                          f"its settings: {e}"
-        return optimizer
+        return optimizer, f"torch.optim.{name} kept: ortcpu_torch.optim.{name} rejected " \
+                          f"its settings: {e}", True
     for ng, (_, _, extra) in zip(new.param_groups, groups, strict=True):
         for k, v in extra.items():  # e.g. initial_lr set by an LR scheduler
             ng.setdefault(k, v)
     for p, s in optimizer.state.items():
         new.state[p] = dict(s)
-    state.optimizer = f"torch.optim.{name} replaced by ortcpu_torch.optim.{name} " \
-                      "(param groups and state carried over)"
-    return new
+    return new, f"torch.optim.{name} replaced by ortcpu_torch.optim.{name} " \
+                "(param groups and state carried over)", False
 
 
 def optimize(model: torch.nn.Module, optimizer=None, *, fallback: str = "warn",
@@ -892,10 +889,21 @@ def optimize(model: torch.nn.Module, optimizer=None, *, fallback: str = "warn",
     """``wrap(model)`` and replace a ``torch.optim.AdamW/Adam/SGD`` by ortcpu_torch's
     (same param groups, state carried over) when ``ortcpu_torch.optim`` has it. Returns
     ``(model, optimizer)``; what was done is in ``report(model)``. An LR scheduler built on
-    the old optimizer must be rebuilt on the returned one."""
+    the old optimizer must be rebuilt on the returned one. One of those optimizers kept
+    on torch because of a setting ours lacks is a fallback under ``fallback`` (with
+    ``"error"``, raised before the model is touched)."""
+    if fallback not in POLICIES:
+        raise ValueError(f"optimize: fallback must be one of {POLICIES}, got {fallback!r}")
+    new, note, fell_back = _convert_optimizer(optimizer)
+    if fell_back and fallback == "error":
+        raise FallbackError(f"ortcpu_torch.optimize: {note} (fallback='error')")
     wrap(model, fallback=fallback, include=include, exclude=exclude)
     state = model.__dict__[_STATE_ATTR]
-    return model, _swap_optimizer(model, optimizer, state)
+    state.optimizer = note
+    if fell_back:
+        state.fell_back("optimizer", f"torch.optim.{type(optimizer).__name__}", _Stats(),
+                        note)
+    return model, new
 
 
 # ---- report ----------------------------------------------------------------------------

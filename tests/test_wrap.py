@@ -976,3 +976,29 @@ def test_unsupported_configuration_is_a_fallback():
         warnings.simplefilter("error")
         m = wrap(model(), fallback="silent")
     assert type(m[1]) is nn.LSTM
+
+
+def test_optimizer_kept_for_a_setting_is_a_fallback():
+    # AdamW(differentiable=True) has no ortcpu_torch counterpart: torch's optimizer stays,
+    # warned once; under fallback="error" optimize raises before touching the model. An
+    # optimizer type we do not have at all (RMSprop) is only reported.
+    def setup():
+        m = nn.Sequential(nn.Linear(3, 3), nn.GELU())
+        return m, torch.optim.AdamW(m.parameters(), lr=1e-3, differentiable=True)
+
+    m, opt = setup()
+    with pytest.warns(FallbackWarning, match="differentiable=True"):
+        m2, opt2 = optimize(m, opt)
+    assert opt2 is opt and "kept" in report(m2, file=None).optimizer
+
+    m, opt = setup()
+    with pytest.raises(FallbackError, match="differentiable=True"):
+        optimize(m, opt, fallback="error")
+    assert type(m[1]) is nn.GELU  # not wrapped
+
+    m = nn.Sequential(nn.Linear(3, 3))
+    rms = torch.optim.RMSprop(m.parameters())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, kept = optimize(m, rms)
+    assert kept is rms and "no ortcpu_torch counterpart" in report(m, file=None).optimizer
