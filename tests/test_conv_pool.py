@@ -150,6 +150,31 @@ def test_conv2d_f32_grads_vs_torch_sweep(k, s, p, d, g):
         torch.testing.assert_close(a.grad, bb.grad, rtol=1e-4, atol=2e-4)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n,c,m,size,k,s,g", [
+    (7, 4, 6, (4, 4), (3, 3), 2, 2),      # odd batch split over threads, groups
+    (5, 3, 5, (6, 5), (3, 1), 1, 1),      # blocks of samples with a ragged last block
+    (3, 512, 4, (2, 2), (3, 3), 1, 1),    # a tall column matrix: the scratch cap binds
+    (9, 2, 3, (3, 2, 2), (2, 2, 1), 1, 1),  # 3-D
+])
+def test_im2col_sample_blocks_vs_torch(threads, n, c, m, size, k, s, g):
+    # small output maps put several samples side by side in one GEMM (conv_batch);
+    # float64 against torch, forward and every gradient
+    from ortcpu_torch import set_num_threads
+    set_num_threads(threads)
+    x = torch.randn(n, c, *size, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(m, c // g, *k, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(m, dtype=torch.float64, requires_grad=True)
+    conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[len(size)]
+    ours = {1: ops.conv1d, 2: ops.conv2d, 3: ops.conv3d}[len(size)]
+    ref, out = conv(x, w, b, s, 1, 1, g), ours(x, w, b, s, 1, 1, g)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    dy = torch.randn_like(ref)
+    for a, r in zip(torch.autograd.grad(out, (x, w, b), dy),
+                    torch.autograd.grad(ref, (x, w, b), dy), strict=True):
+        torch.testing.assert_close(a, r, rtol=1e-11, atol=1e-11)
+
+
 @pytest.mark.parametrize("r", [1, 2, 3])
 def test_conv_gradcheck(r):
     sp = {1: (7,), 2: (4, 5), 3: (3, 2, 4)}[r]
