@@ -114,6 +114,8 @@ def test_winograd_float64_and_threads():
             ortcpu_torch.set_num_threads(t)
             _check(3, 16, 24, 30, 33, [1, 1, 1, 1], dtype=torch.float64)
             _check(1, 16, 8, 40, 41, [0, 2, 1, 0], dtype=torch.float64, bias=False)
+            # 128 x 96 kernels: the kernel transforms (U, and dW from dU) split over threads
+            _check(2, 128, 96, 6, 5, [1, 1, 1, 1], dtype=torch.float64)
     finally:
         ortcpu_torch.set_num_threads(old)
 
