@@ -93,10 +93,17 @@ def bn_eval_forward(op: str, x, scale, bias, mean, var, eps: float,
     mean = channel_vec(op, names[3], mean, x, c, names[0], cast=True)
     var = channel_vec(op, names[4], var, x, c, names[0], cast=True)
     eps = float_attr(op, "epsilon", eps)
+    return bn_eval_core(op, x, scale, bias, mean, var, eps)[0]
+
+
+def bn_eval_core(op: str, x: torch.Tensor, scale, bias, mean: torch.Tensor,
+                 var: torch.Tensor, eps: float):
+    """(y, inv_std in x's dtype): bn_eval_forward on checked arguments (``channel_vec``
+    [C] vectors); the statistics are combined in double."""
     inv = torch.rsqrt(var.double() + eps)
     a = inv * (scale.double() if scale is not None else 1.0)
     b = (bias.double() if bias is not None else 0.0) - mean.double() * a
-    return bn_apply(op, x, a.to(x.dtype), b.to(x.dtype))
+    return bn_apply(op, x, a.to(x.dtype), b.to(x.dtype)), inv.to(x.dtype)
 
 
 def bn_backward(op: str, dy, x, scale, mean, inv_std, training: bool = True,

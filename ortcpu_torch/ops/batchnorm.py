@@ -39,12 +39,8 @@ class _BatchNorm(torch.autograd.Function):
             if rm is None or rv is None:
                 raise ValueError(f"{op}: running_mean and running_var are required when "
                                  f"training is False")
-            inv = torch.rsqrt(running_var.double().view(c) + eps)
             mean = rm
-            a = inv * (scale.double() if scale is not None else 1.0)
-            b = (shift.double() if shift is not None else 0.0) - running_mean.double().view(c) * a
-            y = K.bn_apply(op, x, a.to(x.dtype), b.to(x.dtype))
-            inv = inv.to(x.dtype)
+            y, inv = K.bn_eval_core(op, x, scale, shift, rm, rv, eps)
         ctx.save_for_backward(x, scale, mean, inv)
         ctx.training, ctx.has_bias = training, bias is not None
         return y

@@ -25,7 +25,8 @@ class _Linear(torch.autograd.Function):
         w = float_input(op, "weight", weight)
         same_dtype(op, "input", x2, "weight", w)
         if bias is not None:
-            same_dtype(op, "input", x2, "bias", float_input(op, "bias", bias))
+            bias = float_input(op, "bias", bias)
+            same_dtype(op, "input", x2, "bias", bias)
         y = KG.gemm(x2, w, bias, trans_b=True, op=op)
         ctx.save_for_backward(x2, w)
         ctx.x_shape, ctx.has_bias = x.shape, bias is not None
