@@ -26,21 +26,10 @@ import ortcpu_torch
 from ortcpu_torch import ops
 from ortcpu_torch._native import lib
 
-from ._util import timed
+from ._util import ForeignLoad, timed
 
 TARGETS = {"conv2d N32 C64->64 28x28 k3": 1.0, "conv2d N64 C3->32 32x32 k3": 1.0,
            "max_pool2d 2x2 32x64x56x56": 3.0, "avg_pool2d 2x2 32x64x56x56": 2.0}
-
-
-def _cpu_busy():
-    with open("/proc/stat") as f:
-        v = [int(t) for t in f.readline().split()[1:]]
-    return sum(v) - v[3] - v[4], sum(v)
-
-
-def _self_cpu():
-    t = os.times()
-    return t.user + t.system
 
 
 def cases():
@@ -79,7 +68,7 @@ def bench(threads: int, reps: int, blas_compare: bool, cpu_time: bool = False) -
     torch.set_num_threads(threads)
     ortcpu_torch.set_num_threads(threads)
     print(f"threads={threads} reps={reps} loadavg(before)={os.getloadavg()[0]:.2f}")
-    busy0, tot0, self0 = *_cpu_busy(), _self_cpu()
+    load = ForeignLoad()
     rows = []
     for name, tf, of in cases():
         for _ in range(3):
@@ -109,14 +98,10 @@ def bench(threads: int, reps: int, blas_compare: bool, cpu_time: bool = False) -
             ortcpu_torch.set_num_threads(threads)
             print(f"{'':32s} ours with OpenBLAS threads={threads}, OpenMP 1: "
                   f"{tb[reps // 2] * 1e3:.2f} ms (min {tb[0] * 1e3:.2f})")
-    busy1, tot1, self1 = *_cpu_busy(), _self_cpu()
-    hz = os.sysconf("SC_CLK_TCK")
-    busy = (busy1 - busy0) / hz
-    wall = (tot1 - tot0) / hz
-    foreign = max(0.0, busy - (self1 - self0))
-    print(f"other processes used {foreign / max(wall, 1e-9):.0%} of the machine's CPU time "
-          f"during the run; loadavg(after)={os.getloadavg()[0]:.2f}")
-    write_markdown(rows, threads, reps, cpu_time, foreign / max(wall, 1e-9))
+    share = load.report()["foreign_share"]
+    print(f"other processes used {share:.0%} of the machine's CPU time during the run; "
+          f"loadavg(after)={os.getloadavg()[0]:.2f}")
+    write_markdown(rows, threads, reps, cpu_time, share)
 
 
 def write_markdown(rows, threads: int, reps: int, cpu_time: bool, foreign: float) -> None:

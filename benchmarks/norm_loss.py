@@ -45,26 +45,6 @@ from . import _util
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
-class _Foreign:
-    """CPU seconds other processes used during the measurement (/proc/stat busy time
-    minus ours)."""
-
-    def __init__(self):
-        self.start = self._snap()
-
-    @staticmethod
-    def _snap():
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-        busy = (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
-        me = resource.getrusage(resource.RUSAGE_SELF)
-        return busy, me.ru_utime + me.ru_stime, time.monotonic()
-
-    def share(self) -> float:
-        b, o, w = (y - x for x, y in zip(self.start, self._snap(), strict=True))
-        return round(max(0.0, b - o) / (max(w, 1e-9) * (os.cpu_count() or 1)), 3)
-
-
 def _step(fn, inputs, grad):
     def run():
         out = fn(*inputs)
@@ -156,7 +136,7 @@ def run_cases(a, reps: int) -> list[dict]:
     for name, target, ours, theirs, floor in cases(a.quick):
         if a.filter and not any(f in name for f in a.filter):
             continue
-        fl = _Foreign()
+        fl = _util.ForeignLoad()
         load = os.getloadavg()[0]
         o, t = measure(ours, theirs, reps, clock=clock)
         row = {"case": name, "threads": a.threads, "clock": "cpu" if a.cpu else "wall",
@@ -166,7 +146,7 @@ def run_cases(a, reps: int) -> list[dict]:
                "loadavg": load}
         if floor is not None:
             row["floor_ms"] = statistics.median(_util.timed(floor, reps, 3)) * 1e3
-        row["foreign_share"] = fl.share()
+        row["foreign_share"] = fl.report()["foreign_share"]
         out.append(row)
         fl_txt = f"  floor {row['floor_ms']:.2f} ms" if floor is not None else ""
         print(f"{name:32s} ours {o['ms']:7.2f} ms  torch {t['ms']:7.2f} ms  "

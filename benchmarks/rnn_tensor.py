@@ -28,22 +28,11 @@ import torch
 import ortcpu_torch
 from ortcpu_torch import nn as onn
 
+from ._util import ForeignLoad
+
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 TARGETS = {"lstm_x": 1.0, "lstm_xgrad": 1.0, "gru_x": 1.0, "gru_xgrad": 1.0,
            "embedding": 1.5}
-
-
-def _cpu_busy() -> float:
-    """Seconds of CPU time the whole machine has spent busy."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    idle = v[3] + v[4]
-    return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def _own_cpu() -> float:
-    t = os.times()
-    return t.user + t.system
 
 
 def _rnn_case(kind: str, xgrad: bool):
@@ -95,7 +84,7 @@ def measure(name: str, threads: int, rounds: int, per_round: int) -> dict:
         f_torch()
         f_ours()
     ts_t, ts_o = [], []
-    busy0, own0, wall0 = _cpu_busy(), _own_cpu(), time.perf_counter()
+    load = ForeignLoad()
     for _ in range(rounds):
         for _ in range(per_round):
             t0 = time.perf_counter()
@@ -105,9 +94,7 @@ def measure(name: str, threads: int, rounds: int, per_round: int) -> dict:
             t2 = time.perf_counter()
             ts_t.append(t1 - t0)
             ts_o.append(t2 - t1)
-    wall = time.perf_counter() - wall0
-    foreign = max(0.0, (_cpu_busy() - busy0) - (_own_cpu() - own0))
-    share = foreign / (wall * os.cpu_count())
+    share = load.report()["foreign_share"]
     mt, mo = statistics.median(ts_t), statistics.median(ts_o)
     return {"case": name, "threads": threads, "torch_ms": mt * 1e3, "ours_ms": mo * 1e3,
             "ratio": mt / mo, "target": TARGETS.get(name), "foreign_cpu_share": share,
@@ -137,9 +124,11 @@ def main(argv=None) -> None:
                   f"  other processes used {100 * r['foreign_cpu_share']:.0f}% of the CPU",
                   flush=True)
     os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "rnn_tensor.json"), "w") as f:
+    # a quick or filtered run must not replace the full table the README shows
+    stem = "rnn_tensor_partial" if a.quick or a.filters else "rnn_tensor"
+    with open(os.path.join(RESULTS, stem + ".json"), "w") as f:
         json.dump({"load_avg": os.getloadavg(), "rows": rows}, f, indent=1)
-    with open(os.path.join(RESULTS, "rnn_tensor.md"), "w") as f:
+    with open(os.path.join(RESULTS, stem + ".md"), "w") as f:
         f.write("| case | threads | torch ms | ours ms | torch ÷ ours | target | other CPU |\n")
         f.write("|---|---:|---:|---:|---:|---:|---:|\n")
         for r in rows:
