@@ -46,6 +46,11 @@ class NodeContext:
     outputs_used: list  # per output: True if anything reads it (or it is a graph output)
     input_shapes: list = field(default_factory=list)  # per input: tuple of ints/None, or None
     output_shapes: list = field(default_factory=list)  # per output, as input_shapes
+    input_dtypes: list = field(default_factory=list)  # per input: torch dtype, or None
+
+    def dtype(self, i: int = 0):
+        """The statically known torch dtype of input ``i`` (None if unknown)."""
+        return self.input_dtypes[i] if i < len(self.input_dtypes) else None
 
     @property
     def name(self) -> str:
