@@ -423,10 +423,24 @@ def _generic(name):
 def _pool_grad(name):
     def factory(ctx):
         shape = ctx.output_shapes[0] if ctx.output_shapes else None
-        if shape is None or any(not isinstance(d, int) for d in shape):
+        out = ctx.node.output[0]
+        if shape is not None and all(isinstance(d, int) for d in shape):
+            return bind_kernel(name, ctx, kw={**_kwargs(ctx), "output_shape": list(shape)})
+        fwd = out[: -len("_grad")] if out.endswith("_grad") else None
+        if fwd is None or fwd not in ctx.graph_values:
             raise ctx.error("the shape of its output (the forward input's shape) must be "
                             "known from the graph (value_info) to run this node")
-        return bind_kernel(name, ctx, kw={**_kwargs(ctx), "output_shape": list(shape)})
+        # ORT's gradient builder names the gradient of value v "v_grad": take the shape
+        # from v itself at run time
+        ctx.extra_inputs.append(fwd)
+        f = kernels.get(name)
+        kw = _kwargs(ctx)
+        n_in = len(ctx.node.input)
+
+        def pool_grad(*args):
+            *ins, ref = args
+            return f(*ins[:n_in], output_shape=list(ref.shape), **kw)
+        return pool_grad
     return factory
 
 

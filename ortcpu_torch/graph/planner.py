@@ -133,6 +133,8 @@ def build_plan(graph: onnx.GraphProto, opsets: dict[str, int], constants: dict,
     for o in outputs:
         consumers[o] = consumers.get(o, 0) + 1
 
+    graph_values = frozenset([*fed_names, *consts,
+                              *(o for n in nodes for o in n.output if o)])
     folded, live_nodes = [], []
     for node in nodes:
         entry = node_entry(node, opsets)
@@ -142,8 +144,13 @@ def build_plan(graph: onnx.GraphProto, opsets: dict[str, int], constants: dict,
         ctx = NodeContext(node, attrs, opsets[op_table.canonical_domain(node.domain)],
                           in_consts, [bool(o) and consumers.get(o, 0) > 0 for o in node.output],
                           in_shapes, [shapes.get(o) if o else None for o in node.output],
-                          [_dtype_of(i, consts, types) for i in node.input])
+                          [_dtype_of(i, consts, types) for i in node.input], shapes,
+                          graph_values=graph_values)
         fn = entry.factory(ctx)
+        if ctx.extra_inputs:  # the binding reads more values than the node lists
+            node = _with_inputs(node, ctx.extra_inputs)
+            for i in ctx.extra_inputs:
+                consumers[i] = consumers.get(i, 0) + 1
         present = [i for i in node.input if i]
         foldable = entry.pure and all(i in consts for i in present)
         meta_args = None
@@ -168,6 +175,13 @@ def build_plan(graph: onnx.GraphProto, opsets: dict[str, int], constants: dict,
         live_nodes.append((node, entry, fn))
 
     return _emit(live_nodes, folded, fusions, consts, fed_names, outputs)
+
+
+def _with_inputs(node, extra):
+    n = onnx.NodeProto()
+    n.CopyFrom(node)
+    n.input.extend(extra)
+    return n
 
 
 def _dtype_of(name, consts, types):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
+from .loading import _checkable
+
 _KEEP_INITIALIZER_ELEMS = 256
 
 
@@ -51,6 +53,7 @@ def infer_value_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple],
     m = helper.make_model(light, opset_imports=list(model.opset_import),
                           ir_version=model.ir_version)
     m.functions.extend(model.functions)
+    m = _checkable(m)  # ORT's default-domain training ops: skipped, not fatal
     try:
         inferred = onnx.shape_inference.infer_shapes(m, data_prop=True)
     except Exception:  # inference is an optimisation here; the run checks shapes itself
