@@ -120,11 +120,22 @@ def build_plan(graph: onnx.GraphProto, opsets: dict[str, int], constants: dict,
     from .fusions import apply_fusions
 
     consts = dict(constants)
+    outputs = [o.name for o in graph.output]
     nodes = list(graph.node) if nodes is None else nodes
+    # pass 1: fold constants (so fusions see folded weights); pass 2: fuse and bind
+    folded: list = []
+    live = _bind_all(nodes, opsets, consts, fed_names, shapes, types, outputs, folded)
     fusions: list[str] = []
     if fuse:
-        nodes, fusions = apply_fusions(nodes, consts, graph, opsets)
-    outputs = [o.name for o in graph.output]
+        fused, fusions = apply_fusions([n for n, _, _ in live], consts, graph, opsets)
+        if fusions:
+            live = _bind_all(fused, opsets, consts, fed_names, shapes, types, outputs, folded)
+    return _emit(live, folded, fusions, consts, fed_names, outputs)
+
+
+def _bind_all(nodes, opsets, consts, fed_names, shapes, types, outputs, folded):
+    """Bind every node; fold those whose inputs are all constants (results go into
+    ``consts``, the nodes into ``folded``). Returns [(node, entry, fn)] of the rest."""
     consumers: dict[str, int] = {}
     for n in nodes:
         for i in n.input:
@@ -132,13 +143,13 @@ def build_plan(graph: onnx.GraphProto, opsets: dict[str, int], constants: dict,
                 consumers[i] = consumers.get(i, 0) + 1
     for o in outputs:
         consumers[o] = consumers.get(o, 0) + 1
-
     graph_values = frozenset([*fed_names, *consts,
                               *(o for n in nodes for o in n.output if o)])
-    folded, live_nodes = [], []
+    live_nodes = []
     for node in nodes:
         entry = node_entry(node, opsets)
         attrs = parse_attrs(node)
+        epilogue = attrs.pop("ortcpu_epilogue", None)  # set by fusions.py
         in_consts = [consts.get(i) if i else None for i in node.input]
         in_shapes = [shapes.get(i) if i else None for i in node.input]
         ctx = NodeContext(node, attrs, opsets[op_table.canonical_domain(node.domain)],
@@ -147,6 +158,8 @@ def build_plan(graph: onnx.GraphProto, opsets: dict[str, int], constants: dict,
                           [_dtype_of(i, consts, types) for i in node.input], shapes,
                           graph_values=graph_values)
         fn = entry.factory(ctx)
+        if epilogue:
+            fn = _with_epilogue(fn, epilogue)
         if ctx.extra_inputs:  # the binding reads more values than the node lists
             node = _with_inputs(node, ctx.extra_inputs)
             for i in ctx.extra_inputs:
@@ -173,8 +186,24 @@ def build_plan(graph: onnx.GraphProto, opsets: dict[str, int], constants: dict,
                 folded.append(node)
                 continue
         live_nodes.append((node, entry, fn))
+    return live_nodes
 
-    return _emit(live_nodes, folded, fusions, consts, fed_names, outputs)
+
+
+def _with_epilogue(fn, steps):
+    """``fn`` followed by in-place steps on its (fresh) output: "add" (the last argument is
+    the bias) and/or "relu"."""
+    add, relu = "add" in steps, "relu" in steps
+    if add and relu:
+        def run(*args):
+            return fn(*args[:-1]).add_(args[-1]).relu_()
+    elif add:
+        def run(*args):
+            return fn(*args[:-1]).add_(args[-1])
+    else:
+        def run(*args):
+            return fn(*args).relu_()
+    return run
 
 
 def _with_inputs(node, extra):
@@ -199,7 +228,8 @@ def _emit(live_nodes, folded, fusions, consts, fed_names, outputs) -> Plan:
     var: dict[str, str] = {}
     glb: dict[str, object] = {}
     for i, name in enumerate(fed_names):
-        var[name] = f"a{i}"
+        if name not in consts:  # an unfed default initializer is a constant instead
+            var[name] = f"a{i}"
     last_use: dict[str, int] = {}
     for k, (node, _, _) in enumerate(live_nodes):
         for i in node.input:

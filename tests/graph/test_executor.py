@@ -152,3 +152,27 @@ def test_torch_in_torch_out_numpy_in_numpy_out():
     with pytest.raises(ValueError, match="providers"):
         InferenceSession(m, providers=["CUDAExecutionProvider"])
     assert s.get_inputs()[0].type == "tensor(float)" and s.get_outputs()[0].shape == [2]
+
+
+def test_fusions_gelu_bias_relu_match_unfused():
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((8, 6)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    nodes = [h.make_node("MatMul", ["x", "w"], ["mm"]), h.make_node("Add", ["mm", "b"], ["y"]),
+             h.make_node("Div", ["y", "sqrt2"], ["d"]), h.make_node("Erf", ["d"], ["e"]),
+             h.make_node("Add", ["e", "one"], ["a"]), h.make_node("Mul", ["y", "a"], ["m"]),
+             h.make_node("Mul", ["m", "half"], ["g"]), h.make_node("MatMul", ["g", "w2"], ["z"]),
+             h.make_node("Relu", ["z"], ["out"])]
+    m = _model(nodes, [_vi("x", shape=[3, 4, 8])], [_vi("out", shape=[3, 4, 5])],
+               [("w", w), ("b", b), ("sqrt2", np.array(2 ** 0.5, np.float32)),
+                ("one", np.array(1.0, np.float32)), ("half", np.array(0.5, np.float32)),
+                ("w2", rng.standard_normal((6, 5)).astype(np.float32))])
+    x = torch.randn(3, 4, 8)
+    fused = Executor(m)
+    out = fused.run({"x": x})["out"]
+    ref = Executor(m, fuse=False).run({"x": x})["out"]
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    plan = fused.plan_for([x])
+    assert sorted(plan.fusions) == ["Erf subgraph -> Gelu x1", "MatMul+Add(bias) in place x1",
+                                    "MatMul+Relu in place x1"]
+    assert [b.node.op_type for b in plan.bound] == ["MatMul", "Gelu", "MatMul"]
