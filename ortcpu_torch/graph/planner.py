@@ -146,6 +146,8 @@ def _bind_all(nodes, opsets, consts, fed_names, shapes, types, outputs, folded):
     graph_values = frozenset([*fed_names, *consts,
                               *(o for n in nodes for o in n.output if o)])
     live_nodes = []
+    fresh: set[str] = set()  # values whose storage only their producer's output owns
+    out_set = set(outputs)
     for node in nodes:
         entry = node_entry(node, opsets)
         attrs = parse_attrs(node)
@@ -185,8 +187,43 @@ def _bind_all(nodes, opsets, consts, fed_names, shapes, types, outputs, folded):
                         consts[name] = v
                 folded.append(node)
                 continue
+        inplace = _inplace_variant(node, ctx, fresh, consumers, out_set, shapes)
+        if inplace is not None:
+            fn = inplace
+        if node.domain in ("", "ai.onnx") and node.op_type in _FRESH_OUTPUT:
+            fresh.update(o for o in node.output if o)
         live_nodes.append((node, entry, fn))
     return live_nodes
+
+
+# ops whose outputs are always newly allocated (never a view of an input)
+_FRESH_OUTPUT = {"Add", "Sub", "Mul", "Div", "Relu", "Sigmoid", "Tanh", "MatMul", "Gemm",
+                 "Conv", "Sum", "Softmax", "LogSoftmax", "Exp", "Erf", "Sqrt", "Pow",
+                 "LayerNormalization", "AveragePool", "MaxPool", "GlobalAveragePool",
+                 "Concat", "Gelu", "LeakyRelu"}
+_INPLACE = {
+    "Add": lambda a, b: a.add_(b), "Sub": lambda a, b: a.sub_(b),
+    "Mul": lambda a, b: a.mul_(b), "Div": lambda a, b: a.div_(b),
+}
+
+
+def _inplace_variant(node, ctx, fresh, consumers, out_set, shapes):
+    """The in-place form of an elementwise node whose first input is a fresh intermediate
+    used only here, with the output's (static) shape and dtype; else None."""
+    if node.domain not in ("", "ai.onnx") or node.op_type not in _INPLACE:
+        return None
+    x = node.input[0]
+    if x not in fresh or consumers.get(x) != 1 or x in out_set:
+        return None
+    sx, so = shapes.get(x), shapes.get(node.output[0])
+    if sx is None or so is None or sx != so or any(not isinstance(d, int) for d in sx):
+        return None
+    dts = ctx.input_dtypes
+    if dts[0] is None or any(d != dts[0] for d in dts):
+        return None
+    if node.op_type == "Div" and not dts[0].is_floating_point:
+        return None  # integer Div truncates (ONNX), div_ would not
+    return _INPLACE[node.op_type]
 
 
 

@@ -176,3 +176,17 @@ def test_fusions_gelu_bias_relu_match_unfused():
     assert sorted(plan.fusions) == ["Erf subgraph -> Gelu x1", "MatMul+Add(bias) in place x1",
                                     "MatMul+Relu in place x1"]
     assert [b.node.op_type for b in plan.bound] == ["MatMul", "Gelu", "MatMul"]
+
+
+def test_elementwise_in_place_only_on_private_intermediates():
+    # t1 = x + 1 (x is a feed: never written); t2 = t1 * 2 runs in place on t1 (used once);
+    # t3 = t2 - 1 and t2 is also a graph output: not in place
+    nodes = [h.make_node("Add", ["x", "one"], ["t1"]), h.make_node("Mul", ["t1", "two"], ["t2"]),
+             h.make_node("Sub", ["t2", "one"], ["t3"])]
+    m = _model(nodes, [_vi("x", shape=[4])], [_vi("t3", shape=[4]), _vi("t2", shape=[4])],
+               [("one", np.array(1.0, np.float32)), ("two", np.array(2.0, np.float32))])
+    x = torch.arange(4.0)
+    t3, t2 = InferenceSession(m).run(None, {"x": x})
+    torch.testing.assert_close(x, torch.arange(4.0))
+    torch.testing.assert_close(t2, (torch.arange(4.0) + 1) * 2)
+    torch.testing.assert_close(t3, (torch.arange(4.0) + 1) * 2 - 1)
