@@ -102,10 +102,13 @@ def light(name: str, batch: int) -> onnx.ModelProto:
         t = by_name.get(node.input[1]) if node.op_type == "Reshape" else None
         if t is not None and node.input[0] not in inits:
             shape = numpy_helper.to_array(t).copy()
-            if shape[0] == 1:
+            if shape[0] == 1 and batch != 1:
                 shape[0] = batch
                 name = f"{t.name}::batch{batch}_{node.output[0]}"
                 m.graph.initializer.append(numpy_helper.from_array(shape, name))
+                if m.ir_version < 4:  # initializers must be listed as inputs too
+                    m.graph.input.append(helper.make_tensor_value_info(name, TP.INT64,
+                                                                       list(shape.shape)))
                 node.input[1] = name
     return m
 
