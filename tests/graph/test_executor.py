@@ -190,3 +190,14 @@ def test_elementwise_in_place_only_on_private_intermediates():
     torch.testing.assert_close(x, torch.arange(4.0))
     torch.testing.assert_close(t2, (torch.arange(4.0) + 1) * 2)
     torch.testing.assert_close(t3, (torch.arange(4.0) + 1) * 2 - 1)
+
+
+def test_every_registry_op_is_bound_to_its_kernel():
+    from ortcpu_torch import kernels
+    from ortcpu_torch.graph import op_table
+
+    for name in kernels.names():
+        e = op_table.lookup("com.microsoft", name, 1) or op_table.lookup("", name, 17)
+        assert e is not None and e.kind == "kernel", name
+    torch_ops = [t for d, t, lo, hi, kind in op_table.supported() if kind == "torch"]
+    assert "Reshape" in torch_ops and "MatMul" not in torch_ops
