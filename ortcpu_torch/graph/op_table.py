@@ -52,6 +52,7 @@ class NodeContext:
     # values a factory asks to receive after the node's own inputs (read by the planner)
     extra_inputs: list = field(default_factory=list)
     graph_values: frozenset = frozenset()  # every value name produced or fed in the graph
+    kind: str | None = None  # a factory that picks the torch path for this node says so
 
     def dtype(self, i: int = 0):
         """The statically known torch dtype of input ``i`` (None if unknown)."""

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from .. import kernels
 from ..kernels.activations import softmax_forward
 from .op_table import MS_DOMAIN, ONNX_DOMAIN, lookup, op
-from .ops_torch import _wrap_indices
+from .ops_torch import _wrap_indices, avg_pool_dilated
 
 FLOATS = (torch.float32, torch.float64)
 
@@ -220,7 +220,19 @@ def _maxpool(ctx):
     return _float_or(k, int_maxpool, ctx)
 
 
-for _name in ("AveragePool", "GlobalAveragePool", "GlobalMaxPool"):
+@kernel_op("AveragePool")
+def _avgpool(ctx):
+    dil = ctx.attr("dilations")
+    if dil and any(v != 1 for v in dil):  # opset 19; the kernel has no dilations
+        kw = _kwargs(ctx)
+        ctx.kind = "torch"
+        return lambda x: avg_pool_dilated(x, **kw)
+    kw = _kwargs(ctx, drop=("dilations",))
+    return _float_or(bind_kernel("AveragePool", ctx, kw=kw), _not_supported("AveragePool"),
+                     ctx)
+
+
+for _name in ("GlobalAveragePool", "GlobalMaxPool"):
     kernel_op(_name)(lambda ctx, _n=_name: _float_or(bind_kernel(_n, ctx), _not_supported(_n),
                                                      ctx))
 

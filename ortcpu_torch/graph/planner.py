@@ -9,6 +9,7 @@ only the calls themselves; a failure is mapped back to its node through the line
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import linecache
 from dataclasses import dataclass, field
@@ -192,6 +193,8 @@ def _bind_all(nodes, opsets, consts, fed_names, shapes, types, outputs, folded):
             fn = inplace
         if node.domain in ("", "ai.onnx") and node.op_type in _FRESH_OUTPUT:
             fresh.update(o for o in node.output if o)
+        if ctx.kind is not None and ctx.kind != entry.kind:
+            entry = dataclasses.replace(entry, kind=ctx.kind)
         live_nodes.append((node, entry, fn))
     return live_nodes
 

@@ -66,8 +66,6 @@ EXCLUDED_CASES = {
     "the float32/float64 scope",
     r"_string": _STRING,
     r"^test_identity_opt": _CONTROL,
-    r"^test_averagepool_.*dilations": "AveragePool with dilations (opset 19): the registry "
-    "kernel has no dilation support",
     r"^test_resize_downsample_.*antialias": "Resize antialias (opset 18) filter differs from "
     "the reference on downsampling; not implemented exactly",
     r"^test_training_dropout(?!_zero_ratio)": _RANDOM,
