@@ -66,8 +66,6 @@ EXCLUDED_CASES = {
     "the float32/float64 scope",
     r"_string": _STRING,
     r"^test_identity_opt": _CONTROL,
-    r"^test_resize_downsample_.*antialias": "Resize antialias (opset 18) filter differs from "
-    "the reference on downsampling; not implemented exactly",
     r"^test_training_dropout(?!_zero_ratio)": _RANDOM,
     r"^test_attention_.*fp16_expanded": "float16 attention: float16 rounding of the "
     "intermediate Softmax (ours is computed in float32) is off by one ulp",
