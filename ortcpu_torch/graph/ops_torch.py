@@ -247,29 +247,36 @@ def _shrink(ctx):
 _FLOAT8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2, torch.float8_e5m2fnuz)
 
 
+def cast_to(x: torch.Tensor, dt: torch.dtype, saturate: bool = True) -> torch.Tensor:
+    """ONNX Cast to ``dt``; to a float8 type out-of-range values (and ±inf) become ±max
+    with ``saturate``, else NaN (or ±inf for float8e5m2, the one type that has it)."""
+    if dt not in _FLOAT8 or not x.dtype.is_floating_point:
+        return x.to(dt)
+    y = x.float()
+    top = torch.finfo(dt).max
+    if saturate:
+        y = torch.where(torch.isnan(y), y, y.clamp(-top, top))
+    else:
+        big = y.abs() > top
+        over = torch.copysign(torch.tensor(math.inf), y) if dt == torch.float8_e5m2 else \
+            torch.full_like(y, math.nan)
+        y = torch.where(big, over, y)
+    return y.to(dt)
+
+
 @op("Cast")
 def _cast(ctx):
     dt = torch_dtype(ctx.attr("to"), f"Cast node {ctx.name!r}")
-    if dt in _FLOAT8 and ctx.attr("saturate", 1):
-        top = torch.finfo(dt).max
-        has_inf = dt == torch.float8_e5m2
-
-        def cast_saturate(x):  # out-of-range values clamp to the largest finite value
-            if not x.dtype.is_floating_point:
-                return x.to(dt)
-            y = x.float()
-            keep_inf = torch.isinf(y) if has_inf else None
-            y = y.clamp(-top, top)
-            if keep_inf is not None:
-                y = torch.where(keep_inf, x.float(), y)
-            return y.to(dt)
-        return cast_saturate
+    sat = bool(ctx.attr("saturate", 1))
+    if dt in _FLOAT8:
+        return lambda x: cast_to(x, dt, sat)
     return lambda x: x.to(dt)
 
 
 @op("CastLike")
 def _cast_like(ctx):
-    return lambda x, like: x.to(like.dtype)
+    sat = bool(ctx.attr("saturate", 1))
+    return lambda x, like: cast_to(x, like.dtype, sat)
 
 
 @op("Identity")
