@@ -22,10 +22,17 @@ from .grad_rules_base import (
 )
 
 
-def _outputs(ctx, node, wanted: list[bool]) -> list[str]:
-    """Fresh ``<input>_grad`` names for the wanted gradient outputs, "" for the others
-    (trailing ones dropped)."""
-    outs = [ctx.fresh(f"{node.input[i]}_grad") if w else "" for i, w in enumerate(wanted)]
+def _outputs(ctx, node, wanted: list[bool], all_required: bool = False) -> list[str]:
+    """Fresh ``<input>_grad`` names for the wanted gradient outputs; the others are ""
+    (trailing ones dropped), or, for ops whose schema requires every output, named but
+    unused."""
+    outs = []
+    for i, w in enumerate(wanted):
+        base = node.input[i] if i < len(node.input) and node.input[i] else node.output[0]
+        if w:
+            outs.append(ctx.fresh(f"{base}_grad"))
+        else:
+            outs.append(ctx.fresh(f"{base}_grad_unused") if all_required else "")
     while outs and not outs[-1]:
         outs.pop()
     return outs
@@ -35,7 +42,8 @@ def _result(ctx, node, outs: list[str], count: int) -> list:
     res = []
     for i in range(count):
         name = outs[i] if i < len(outs) else ""
-        res.append(ctx.named(name, node.input[i]) if name else None)
+        res.append(ctx.named(name, node.input[i]) if name and not name.endswith(
+            "_unused") and "_grad_unused" not in name else None)
     return res
 
 
@@ -48,7 +56,7 @@ def _layer_norm(ctx, node, dy, needs):
     mean = ctx.forward_output(node, 1, f"{y}_mean")
     inv_std = ctx.forward_output(node, 2, f"{y}_inv_std_dev")
     wanted = [needs[0], needs[1], len(node.input) > 2 and bool(node.input[2]) and needs[2]]
-    outs = _outputs(ctx, node, wanted)
+    outs = _outputs(ctx, node, wanted, all_required=True)
     ctx.emit("LayerNormalizationGrad", [dy[0], node.input[0], node.input[1], mean, inv_std],
              outs, domain=MS, axis=int(attr(node, "axis", -1)))
     return _result(ctx, node, outs, len(node.input))
@@ -57,7 +65,7 @@ def _layer_norm(ctx, node, dy, needs):
 @grad_rule("SimplifiedLayerNormalization", inputs=(0, 1), outputs=(0,))
 def _simplified_layer_norm(ctx, node, dy, needs):
     inv_std = ctx.forward_output(node, 1, f"{node.output[0]}_inv_std_var")
-    outs = _outputs(ctx, node, needs[:2])
+    outs = _outputs(ctx, node, needs[:2], all_required=True)
     ctx.emit("SimplifiedLayerNormalizationGrad", [dy[0], node.input[0], node.input[1], inv_std],
              outs, domain=MS, axis=int(attr(node, "axis", -1)))
     return _result(ctx, node, outs, 2)
@@ -87,7 +95,7 @@ def _batch_norm(ctx, node, dy, needs):
     node.attribute.extend([helper.make_attribute("epsilon", eps),
                            helper.make_attribute("momentum", momentum),
                            helper.make_attribute("training_mode", 1)])
-    outs = _outputs(ctx, node, needs[:3])
+    outs = _outputs(ctx, node, needs[:3], all_required=True)
     ctx.emit("BatchNormalizationGrad", [dy[0], node.input[0], node.input[1], names[3],
                                         names[4]], outs, domain=MS, epsilon=eps)
     return _result(ctx, node, outs, 3)

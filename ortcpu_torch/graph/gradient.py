@@ -101,7 +101,8 @@ def build_gradient_graph(model: onnx.ModelProto | str | os.PathLike | bytes,
         if f"{p}_grad" in used:
             raise GradientBuildError(
                 f"requires_grad: the model already has a value named {p + '_grad'!r}, "
-                "the name of the gradient output of {p!r}")
+                f"the name of the gradient output of {p!r}")
+    used.update(f"{p}_grad" for p in params)  # reserved for the outputs
     from .. import kernels
 
     registry = set(kernels.names())
@@ -444,7 +445,6 @@ def _name_gradients(ctx: GradContext, params, finals) -> list[str]:
     names = []
     for p, v in zip(params, finals, strict=True):
         want = f"{p}_grad"
-        ctx._used.add(want)
         node = produced.get(v)
         shared = finals.count(v) > 1 or node is None or node.op_type == "Constant"
         if shared or v in ctx.value_info:

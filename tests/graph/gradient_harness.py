@@ -101,4 +101,4 @@ def check_against_torch(model, fn, feeds: dict, requires_grad, *, atol=1e-5, rto
 
 
 def rand(*shape, dtype=np.float32, scale=1.0):
-    return (np.random.randn(*shape) * scale).astype(dtype)
+    return np.asarray(np.random.randn(*shape) * scale, dtype=dtype)
