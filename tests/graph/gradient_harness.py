@@ -57,6 +57,16 @@ def run_ort(model: onnx.ModelProto, feeds: dict) -> dict:
     return dict(zip(names, sess.run(None, feeds), strict=True))
 
 
+def run_ours(model: onnx.ModelProto, feeds: dict) -> dict:
+    """Run ``model`` on our executor (numpy in, numpy out)."""
+    from ortcpu_torch.graph import Executor
+
+    register_ort_onnx_domain_schemas()  # its loader runs onnx.checker
+    out = Executor(model).run({k: torch.from_numpy(np.asarray(v).copy())
+                               for k, v in feeds.items()})
+    return {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
+
+
 def build(model, requires_grad, loss="loss", **kw) -> onnx.ModelProto:
     """The training graph, full-checked."""
     training = build_gradient_graph(model, requires_grad, loss, **kw)
@@ -89,14 +99,20 @@ def assert_close(got: dict, want: dict, atol: float, rtol: float = 1e-4, keys=No
 
 
 def check_against_torch(model, fn, feeds: dict, requires_grad, *, atol=1e-5, rtol=1e-4,
-                        init: dict | None = None, loss="loss", **kw) -> dict:
-    """Build the training graph of ``model``, run it in ORT, and compare the loss and
-    every ``<name>_grad`` with torch autograd in float64. ``init``: initializer values
-    (also passed to ``fn``). Returns ORT's outputs."""
+                        init: dict | None = None, loss="loss", ours=True, **kw) -> dict:
+    """Build the training graph of ``model``, run it in ORT and on our executor, and
+    compare the loss and every ``<name>_grad`` with torch autograd in float64 (and ours
+    with ORT). ``init``: initializer values (also passed to ``fn``). Returns ORT's
+    outputs."""
     training = build(model, requires_grad, loss, **kw)
     got = run_ort(training, feeds)
     want = torch_reference(fn, {**feeds, **(init or {})}, requires_grad)
-    assert_close(got, want, atol, rtol, keys=["loss"] + [f"{p}_grad" for p in requires_grad])
+    keys = ["loss"] + [f"{p}_grad" for p in requires_grad]
+    assert_close(got, want, atol, rtol, keys=keys)
+    if ours:
+        mine = run_ours(training, feeds)
+        assert_close(mine, want, atol, rtol, keys=keys)
+        assert_close(mine, got, atol, rtol, keys=keys)
     return got
 
 
