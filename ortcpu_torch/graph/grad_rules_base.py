@@ -176,6 +176,7 @@ class GradContext:
         self._scope_count = 0
         self._scope_counts: dict[str, int] = {}
         self._check_emit = emitted_check
+        self.consumed: set[str] = set()  # values forward nodes read, and graph outputs
 
     # ---- naming ---------------------------------------------------------------------
 

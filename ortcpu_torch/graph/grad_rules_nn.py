@@ -83,6 +83,13 @@ def _batch_norm(ctx, node, dy, needs):
         return _batch_norm_inference(ctx, node, dy, needs)
     # ORT's training form: BatchNormInternal also returns the batch mean and inverse std
     y = node.output[0]
+    if ctx.opset < 14 and len(node.output) > 4 and node.output[4]:
+        # BatchNormalization-9's 5th output is the saved *variance*; BatchNormInternal's is
+        # the inverse std, so it gets a fresh name (nothing may read the old one)
+        if node.output[4] in ctx.consumed:
+            raise GradientBuildError(f"{describe(node)}: its saved_var output is read by the "
+                                     "graph; the training form has no such output")
+        node.output[4] = ""
     names = [y] + [ctx.forward_output(node, k, f"{y}_{tag}") for k, tag in
                    ((1, "running_mean"), (2, "running_var"), (3, "saved_mean"),
                     (4, "saved_inv_std"))]

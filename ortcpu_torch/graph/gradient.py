@@ -83,6 +83,9 @@ def build_gradient_graph(model: onnx.ModelProto | str | os.PathLike | bytes,
     model = _load(model)
     graph = model.graph
     opset = _default_opset(model)
+    if not isinstance(loss_name, (str, Sequence)):
+        raise TypeError(f"loss_name: expected an output name or a list of them, got "
+                        f"{type(loss_name).__name__}")
     losses = [loss_name] if isinstance(loss_name, str) else list(loss_name)
     params = _check_requires_grad(graph, requires_grad)
     _check_losses(graph, losses)
@@ -112,6 +115,7 @@ def build_gradient_graph(model: onnx.ModelProto | str | os.PathLike | bytes,
             raise GradientBuildError(f"internal: gradient op {op_type} has no kernel")
 
     ctx = GradContext(values, opset, used, check_emit)
+    ctx.consumed = {i for n in nodes for i in n.input} | {o.name for o in graph.output}
     grads: dict[str, list[str]] = {}
     seed_value_infos = []
     for loss in losses:

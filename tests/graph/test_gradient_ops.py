@@ -645,6 +645,12 @@ def test_slice_gather_family():
              lambda x, nidx: x[nidx[:, 0], nidx[:, 1]])
 
 
+def test_top_k():
+    x = rand(3, 7)
+    run_case([N("TopK", ["x", "k"], ["y", "i"], axis=1)], "y", [3, 3], {"x": x}, ["x"],
+             lambda x: torch.topk(x, 3, 1).values, init={"k": np.asarray([3], np.int64)})
+
+
 def test_gather_float64():
     x = rand(5, 3, dtype=np.float64)
     idx = np.array([1, 1, 4], dtype=np.int64)
