@@ -416,3 +416,39 @@ def test_torch_exported_model(opset, bn):
         np.testing.assert_allclose(mine[f"{name}_grad"], p.grad.numpy(), atol=1e-5, rtol=1e-4,
                                    err_msg=name)
     np.testing.assert_allclose(got["loss"], loss.item(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_rnn_classifier_matches_ort_generate_artifacts(kind, tmp_path):
+    model, _, init = _rnn_classifier(kind)
+    params = [k for k in init if k != "axis0"]
+    feeds = {"tokens": np.random.randint(0, 9, (4, 6)).astype(np.int64),
+             "labels": np.asarray([0, 2, 1, 1], np.int64)}
+    for n in model.graph.node:  # ORT's builder needs SCE's log_prob and the RNN's Y
+        if n.op_type == "SoftmaxCrossEntropyLoss":
+            n.output.append("log_prob")
+        if n.op_type == kind:  # and all its inputs spelled out (h0, c0 as zeros)
+            n.output[0] = "rnn_y"
+            states = ["h0"] if kind == "GRU" else ["h0", "c0"]
+            n.input.extend(["", *states])
+    for name in ("h0", "c0"):
+        model.graph.initializer.append(onnx.numpy_helper.from_array(
+            np.zeros((1, 4, 7), np.float32), name))
+    training = build(model, params)
+    _compare_with_ort_artifacts(model, training, feeds, init, params, tmp_path, atol=1e-6)
+
+
+def test_gpt_block_matches_ort_generate_artifacts(tmp_path):
+    """With both LayerNormalizations giving Mean/InvStdDev (ORT's builder fails on the
+    one-output form, ORT issue #19427) and SCE's log_prob."""
+    model, _, init = _gpt()
+    for n in model.graph.node:
+        if n.op_type == "LayerNormalization" and len(n.output) == 1:
+            n.output.extend([f"{n.output[0]}_mean", f"{n.output[0]}_inv"])
+        if n.op_type == "SoftmaxCrossEntropyLoss":
+            n.output.append("log_prob")
+    params = [k for k, v in init.items() if v.dtype == np.float32 and k not in ("scale", "mask")]
+    feeds = {"tokens": np.random.randint(0, 11, (3, 5)).astype(np.int64),
+             "labels": np.random.randint(0, 11, (3, 5)).astype(np.int64)}
+    training = build(model, params)
+    _compare_with_ort_artifacts(model, training, feeds, init, params, tmp_path, atol=2e-6)
