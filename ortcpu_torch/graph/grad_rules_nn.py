@@ -274,6 +274,20 @@ def _softmax_cross_entropy_loss(ctx, node, dy, needs):
     return [ctx.named(dx, scores)]
 
 
+@grad_rule("SoftmaxCrossEntropyLossInternal", domain=MS, inputs=(0,), outputs=(0,))
+def _softmax_cross_entropy_loss_internal(ctx, node, dy, needs):
+    """ORT's form with ignore_index as an input (as ORT-written training models have)."""
+    scores = node.input[0]
+    log_prob = ctx.forward_output(node, 1, f"{node.output[0]}_log_prob")
+    ins = [dy[0], log_prob, node.input[1], input_at(node, 2), input_at(node, 3)]
+    while ins and not ins[-1]:
+        ins.pop()
+    attrs = attrs_of(node, ("reduction", "output_type"))
+    dx = ctx.op("SoftmaxCrossEntropyLossInternalGrad", *ins, domain=MS,
+                hint=f"{scores}_grad", **attrs)
+    return [ctx.named(dx, scores)]
+
+
 @grad_rule("NegativeLogLikelihoodLoss", inputs=(0,))
 def _nll_loss(ctx, node, dy, needs):
     """dX[n, c, ...] = -[c == t] · w[t] · g with g = dY (none/sum) or dY / Σw (mean);

@@ -38,7 +38,8 @@ from .grad_rules_base import (
     describe,
 )
 
-__all__ = ["build_gradient_graph", "GradientBuildError", "FORWARD_NODES_KEY"]
+__all__ = ["build_gradient_graph", "GradientBuildError", "FORWARD_NODES_KEY",
+           "gradient_rules"]
 
 MIN_OPSET = 13
 MAX_IR_VERSION = 10  # onnxruntime 1.19.2 refuses IR version 11 and later
@@ -158,6 +159,12 @@ def build_gradient_graph(model: onnx.ModelProto | str | os.PathLike | bytes,
     _finish_model(model, len(forward))
     _check_defined(graph)
     return model
+
+
+def gradient_rules() -> list[tuple[str, str]]:
+    """(domain, op type) of every op the builder differentiates ("" = ai.onnx); ops that
+    stop gradients (Shape, comparisons, random generators, ...) are included."""
+    return sorted(RULES)
 
 
 # ---- loading and checks ---------------------------------------------------------------
