@@ -737,3 +737,21 @@ def test_gru(lbr):
                linear_before_reset=lbr)]
     run_case(nodes, "y", [S, 1, Bt, H], feeds, list(feeds),
              lambda **kw: _onnx_gru(**kw, lbr=lbr)[0], atol=2e-5)
+
+
+@pytest.mark.parametrize("subset", [["x"], ["w"], ["b"]])
+def test_partial_gradients_of_multi_output_grad_ops(subset):
+    """Only some inputs trainable: the optional outputs of ConvGrad are left out, the
+    required ones of LayerNormalizationGrad / BatchNormalizationGrad are named but unused."""
+    x, w, b = rand(2, 3, 5, 5), rand(4, 3, 3, 3), rand(4)
+    run_case([N("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])], "y", [2, 4, 5, 5],
+             {"x": x, "w": w, "b": b}, subset,
+             lambda x, w, b: F.conv2d(x, w, b, padding=1), atol=3e-5)
+    s = {"x": "x", "w": "s", "b": "b"}[subset[0]]
+    run_case([N("LayerNormalization", ["x", "s", "b"], ["y"])], "y", [4, 6],
+             {"x": rand(4, 6), "s": rand(6), "b": rand(6)}, [s],
+             lambda x, s, b: F.layer_norm(x, (6,), s, b), atol=2e-5)
+    run_case([N("BatchNormalization", ["x", "s", "b", "rm", "rv"], ["y", "m", "v"],
+                training_mode=1)], "y", [6, 4], {"x": rand(6, 4), "s": rand(4), "b": rand(4)},
+             [s], lambda x, s, b: F.batch_norm(x, None, None, s, b, training=True),
+             init={"rm": np.zeros(4, np.float32), "rv": np.ones(4, np.float32)}, atol=2e-5)
