@@ -43,17 +43,20 @@ def check(model: onnx.ModelProto) -> None:
     onnx.checker.check_model(model, full_check=True)
 
 
-def ort_session(model: onnx.ModelProto):
+def ort_session(model: onnx.ModelProto, optimize: bool = False):
+    """An InferenceSession with ORT's graph optimizations off (the graph runs as built),
+    or all on (``optimize``: ORT's default)."""
     so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
+                                   else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.log_severity_level = 3
     return ort.InferenceSession(model.SerializeToString(), so,
                                 providers=["CPUExecutionProvider"])
 
 
-def run_ort(model: onnx.ModelProto, feeds: dict) -> dict:
-    sess = ort_session(model)
+def run_ort(model: onnx.ModelProto, feeds: dict, optimize: bool = False) -> dict:
+    sess = ort_session(model, optimize)
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(None, feeds), strict=True))
 

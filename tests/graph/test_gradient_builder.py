@@ -242,3 +242,34 @@ def test_existing_grad_name_collision():
     model = make_model(nodes, [("x", F32, [3])], [("loss", F32, [])])
     with pytest.raises(GradientBuildError, match="already has a value named 'x_grad'"):
         build_gradient_graph(model, ["x"], "loss")
+
+
+def test_several_losses_are_summed():
+    nodes = [N("ReduceSum", ["x"], ["l1"], keepdims=0), N("Mul", ["x", "x"], ["sq"]),
+             N("ReduceSum", ["sq"], ["l2"], keepdims=0)]
+    model = make_model(nodes, [("x", F32, [4])], [("l1", F32, []), ("l2", F32, [])])
+    training = build(model, ["x"], ["l1", "l2"])
+    x = rand(4)
+    np.testing.assert_allclose(run_ort(training, {"x": x})["x_grad"], 1 + 2 * x, rtol=1e-6)
+
+
+@pytest.mark.parametrize("batch", [0, 1])
+def test_empty_and_size_one_batches(batch):
+    """A symbolic batch of 0 or 1 rows: the same graph gives zeros / the exact gradient.
+    (ORT's Gemm rejects K = 0, and its own builder emits the same Gemm(transA) for weight
+    gradients; ours runs it.)"""
+    init = {"W": rand(3, 2), "b": rand(2)}
+    nodes = [N("Gemm", ["x", "W", "b"], ["y"]), N("Relu", ["y"], ["r"]),
+             N("ReduceSum", ["r"], ["loss"], keepdims=0)]
+    model = make_model(nodes, [("x", F32, ["N", 3])], [("loss", F32, [])], init)
+    training = build(model, ["W", "b", "x"])
+    x = rand(batch, 3)
+    runs = [run_ours(training, {"x": x})]
+    if batch:
+        runs.append(run_ort(training, {"x": x}))
+    for got in runs:
+        mask = (x @ init["W"] + init["b"] > 0).astype(np.float32)
+        np.testing.assert_allclose(got["W_grad"], x.T @ mask, atol=1e-6)
+        np.testing.assert_allclose(got["b_grad"], mask.sum(0), atol=1e-6)
+        np.testing.assert_allclose(got["x_grad"], mask @ init["W"].T, atol=1e-6)
+        assert got["x_grad"].shape == (batch, 3)

@@ -456,3 +456,30 @@ def test_gpt_block_matches_ort_generate_artifacts(tmp_path):
              "labels": np.random.randint(0, 11, (3, 5)).astype(np.int64)}
     training = build(model, params)
     _compare_with_ort_artifacts(model, training, feeds, init, params, tmp_path, atol=2e-6)
+
+
+def test_training_graphs_under_ort_default_optimizations():
+    """ORT's optimizer (ORT_ENABLE_ALL, its default) rewrites our training graphs without
+    changing the results (on-device training runs them that way)."""
+    cases = []
+    model, _, init = _mlp()
+    cases.append((model, list(init), {"x": rand(8, 12),
+                                      "y": np.random.randint(0, 5, 8).astype(np.int64)}))
+    model, init = _cnn("MaxPool", dropout=False)
+    cases.append((model, ["conv1.weight", "bn1.weight", "bn1.bias", "fc.weight"],
+                  {"x": rand(4, 3, 16, 16), "y": np.asarray([0, 1, 3, 2], np.int64)}))
+    model, _, init = _gpt(tanh_gelu=True)
+    cases.append((model, ["wte", "ln1.weight", "mlp.fc", "mlp.fc_bias", "attn.qkv"],
+                  {"tokens": np.random.randint(0, 11, (3, 5)).astype(np.int64),
+                   "labels": np.random.randint(0, 11, (3, 5)).astype(np.int64)}))
+    for kind in ("LSTM", "GRU"):
+        model, _, init = _rnn_classifier(kind)
+        cases.append((model, ["rnn.W", "emb"],
+                      {"tokens": np.random.randint(0, 9, (4, 6)).astype(np.int64),
+                       "labels": np.asarray([0, 2, 1, 1], np.int64)}))
+    for model, params, feeds in cases:
+        training = build(model, params)
+        plain = run_ort(training, feeds)
+        optimized = run_ort(training, feeds, optimize=True)
+        for k in plain:
+            np.testing.assert_allclose(optimized[k], plain[k], atol=2e-6, rtol=1e-5, err_msg=k)
