@@ -473,11 +473,15 @@ def _name_gradients(ctx: GradContext, params, finals) -> list[str]:
     renames: dict[str, str] = {}
     for p, v in zip(params, finals, strict=True):
         want = f"{p}_grad"
-        if finals.count(v) > 1 or v not in produced or v in ctx.value_info:
+        if finals.count(v) > 1 or v not in produced:
             ctx.begin_named(want)
             ctx.emit("Identity", [v], [want])
         else:
             renames[v] = want
+            if v in ctx.value_info:
+                vi = ctx.value_info.pop(v)
+                vi.name = want
+                ctx.value_info[want] = vi
     if renames:
         for n in ctx.nodes:
             for k, name in enumerate(n.input):

@@ -494,7 +494,7 @@ def test_max_pool(kw, torch_kw):
     x = rand(2, 3, 8, 8)
     out = F.max_pool2d(torch.from_numpy(x), **torch_kw)
     run_case([N("MaxPool", ["x"], ["y"], **kw)], "y", list(out.shape), {"x": x}, ["x"],
-             lambda x: F.max_pool2d(x, **torch_kw), ours=False)  # see test_pool_grads_ours
+             lambda x: F.max_pool2d(x, **torch_kw))
 
 
 @pytest.mark.parametrize("cip", [0, 1])
@@ -507,24 +507,7 @@ def test_average_pool(kw, torch_kw, cip):
     out = F.avg_pool2d(torch.from_numpy(x), **torch_kw)
     run_case([N("AveragePool", ["x"], ["y"], count_include_pad=cip, **kw)], "y",
              list(out.shape), {"x": x}, ["x"],
-             lambda x: F.avg_pool2d(x, count_include_pad=bool(cip), **torch_kw),
-             ours=False)  # see test_pool_grads_ours
-
-
-EXECUTOR_GAP = pytest.mark.xfail(
-    reason="executor (issue15 core) plans MaxPoolGrad/AveragePoolGrad from onnx shape "
-           "inference only and ignores the graph's value_info, which carries their output "
-           "shape (as ORT reads it); NegativeLogLikelihoodLoss has no binding yet",
-    strict=False)
-
-
-@EXECUTOR_GAP
-@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
-def test_pool_grads_ours(op):
-    x = rand(2, 3, 8, 8)
-    fn = F.max_pool2d if op == "MaxPool" else F.avg_pool2d
-    run_case([N(op, ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])],
-             "y", [2, 3, 4, 4], {"x": x}, ["x"], lambda x: fn(x, 3, 2, 1))
+             lambda x: F.avg_pool2d(x, count_include_pad=bool(cip), **torch_kw))
 
 
 def test_global_average_pool():
@@ -584,16 +567,7 @@ def test_negative_log_likelihood_loss(reduction, weighted):
         return F.nll_loss(torch.log_softmax(x, 1), labels, weight=cw, reduction=reduction,
                           ignore_index=1)
 
-    run_case(nodes, "l", [5] if reduction == "none" else [], feeds, ["x"], fn,
-             ours=False)  # see test_negative_log_likelihood_loss_ours
-
-
-@EXECUTOR_GAP
-def test_negative_log_likelihood_loss_ours():
-    x, labels = rand(5, 4), np.array([0, 3, 1, 3, 2], dtype=np.int64)
-    nodes = [N("NegativeLogLikelihoodLoss", ["x", "labels"], ["l"])]
-    run_case(nodes, "l", [], {"x": x, "labels": labels}, ["x"],
-             lambda x, labels: F.nll_loss(x, labels))
+    run_case(nodes, "l", [5] if reduction == "none" else [], feeds, ["x"], fn)
 
 
 # ---- shapes and indexing ----------------------------------------------------------------------
@@ -755,3 +729,24 @@ def test_partial_gradients_of_multi_output_grad_ops(subset):
                 training_mode=1)], "y", [6, 4], {"x": rand(6, 4), "s": rand(4), "b": rand(4)},
              [s], lambda x, s, b: F.batch_norm(x, None, None, s, b, training=True),
              init={"rm": np.zeros(4, np.float32), "rv": np.ones(4, np.float32)}, atol=2e-5)
+
+
+def test_pool_input_with_two_gradient_contributions_ort():
+    x = rand(1, 2, 4, 4)
+    run_case([N("MaxPool", ["x"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+              N("Tanh", ["x"], ["t"]), N("ReduceMean", ["t"], ["m"], axes=[2, 3]),
+              N("Add", ["p", "m"], ["y"])], "y", [1, 2, 2, 2], {"x": x}, ["x"],
+             lambda x: F.max_pool2d(x, 2) + torch.tanh(x).mean((2, 3), keepdim=True),
+             ours=False)
+
+
+@pytest.mark.xfail(reason="executor (issue15) finds MaxPoolGrad's output shape from the "
+                          "name '<v>_grad' only, not from the graph's value_info; here the "
+                          "pool's contribution is 'x_grad_1' (summed into x_grad)",
+                   strict=False)
+def test_pool_input_with_two_gradient_contributions_ours():
+    x = rand(1, 2, 4, 4)
+    run_case([N("MaxPool", ["x"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+              N("Tanh", ["x"], ["t"]), N("ReduceMean", ["t"], ["m"], axes=[2, 3]),
+              N("Add", ["p", "m"], ["y"])], "y", [1, 2, 2, 2], {"x": x}, ["x"],
+             lambda x: F.max_pool2d(x, 2) + torch.tanh(x).mean((2, 3), keepdim=True))
