@@ -149,6 +149,16 @@ def _max_min(ctx, node, dy, needs):
 # ---- unary ops ------------------------------------------------------------------------------
 
 
+@grad_rule("CumSum", inputs=(0,))
+def _cumsum(ctx, node, dy, needs):
+    """The adjoint of a running sum is the running sum the other way."""
+    x, axis = node.input
+    reverse = int(attr(node, "reverse", 0))
+    out = ctx.op("CumSum", dy[0], axis, exclusive=int(attr(node, "exclusive", 0)) or None,
+                 reverse=None if reverse else 1, hint=f"{x}_grad")
+    return [ctx.named(out, x)]
+
+
 @grad_rule("Identity")
 def _identity(ctx, node, dy, needs):
     return [dy[0]]
@@ -206,6 +216,67 @@ def _sin(ctx, node, dy, needs):
 @grad_rule("Cos")
 def _cos(ctx, node, dy, needs):
     return [ctx.op("Neg", ctx.op("Mul", dy[0], ctx.op("Sin", node.input[0])))]
+
+
+@grad_rule("Tan")
+def _tan(ctx, node, dy, needs):  # 1 + y²
+    y = node.output[0]
+    return [ctx.op("Mul", dy[0], ctx.op("Add", ctx.op("Mul", y, y), ctx.scalar(1.0, y)))]
+
+
+def _inverse_sqrt_rule(sign: float, offset: float, square_sign: float):
+    """d/dx of asin/acos/asinh/acosh: sign / sqrt(offset + square_sign·x²)."""
+
+    def rule(ctx, node, dy, needs):
+        x = node.input[0]
+        sq = ctx.mul_scalar(ctx.op("Mul", x, x), square_sign, x)
+        root = ctx.op("Sqrt", ctx.op("Add", sq, ctx.scalar(offset, x)))
+        g = ctx.op("Div", dy[0], root)
+        return [ctx.op("Neg", g) if sign < 0 else g]
+
+    return rule
+
+
+grad_rule("Asin")(_inverse_sqrt_rule(1.0, 1.0, -1.0))
+grad_rule("Acos")(_inverse_sqrt_rule(-1.0, 1.0, -1.0))
+grad_rule("Asinh")(_inverse_sqrt_rule(1.0, 1.0, 1.0))
+grad_rule("Acosh")(_inverse_sqrt_rule(1.0, -1.0, 1.0))
+
+
+@grad_rule("Atan", "Atanh")
+def _atan(ctx, node, dy, needs):  # 1 / (1 ± x²)
+    x = node.input[0]
+    sq = ctx.op("Mul", x, x)
+    if node.op_type == "Atanh":
+        sq = ctx.op("Neg", sq)
+    return [ctx.op("Div", dy[0], ctx.op("Add", sq, ctx.scalar(1.0, x)))]
+
+
+@grad_rule("Sinh")
+def _sinh(ctx, node, dy, needs):
+    return [ctx.op("Mul", dy[0], ctx.op("Cosh", node.input[0]))]
+
+
+@grad_rule("Cosh")
+def _cosh(ctx, node, dy, needs):
+    return [ctx.op("Mul", dy[0], ctx.op("Sinh", node.input[0]))]
+
+
+@grad_rule("Mod", inputs=(0, 1))
+def _mod(ctx, node, dy, needs):
+    """fmod (float Mod): y = a - trunc(a/b)·b, so dA = dY and dB = -dY·trunc(a/b)."""
+    if not int(attr(node, "fmod", 0)):
+        raise GradientBuildError(f"{describe(node)}: Mod with fmod=0 on floats is not valid "
+                                 "ONNX")
+    shape = _out_shape(ctx, node)
+    a, b = node.input
+    da = ctx.reduce_to(dy[0], shape, a) if needs[0] else None
+    db = None
+    if needs[1]:
+        q = ctx.op("Div", a, b)
+        trunc = ctx.op("Mul", ctx.op("Sign", q), ctx.op("Floor", ctx.op("Abs", q)))
+        db = ctx.reduce_to(ctx.op("Neg", ctx.op("Mul", dy[0], trunc)), shape, b)
+    return [da, db]
 
 
 @grad_rule("Clip", inputs=(0,))
@@ -402,6 +473,24 @@ def _reduce_mean(ctx, node, dy, needs):
     ratio = ctx.op("Div", ctx.op("Size", x), ctx.op("Size", node.output[0]))
     ratio = ctx.op("Cast", ratio, to=ctx.float_dtype(x))
     return [ctx.named(ctx.op("Div", g, ratio), x)]
+
+
+@grad_rule("ReduceMax", "ReduceMin", inputs=(0,))
+def _reduce_max_min(ctx, node, dy, needs):
+    """torch.amax/amin's rule: dY split evenly over the elements equal to the result."""
+    x, y = node.input[0], node.output[0]
+    g, kind, axes = _expanded(ctx, node, dy[0])
+    if g is None:
+        return [dy[0]]
+    yk = _keep_dims(ctx, node, y, kind, axes)
+    hit = ctx.op("Cast", ctx.op("Equal", x, yk), to=ctx.float_dtype(x))
+    if kind == "static":
+        count = ctx.op("ReduceSum", hit, ctx.ints(axes), keepdims=1)
+    elif kind == "tensor":
+        count = ctx.op("ReduceSum", hit, axes, keepdims=1)
+    else:  # every axis
+        count = ctx.op("ReduceSum", hit, keepdims=1)
+    return [ctx.named(ctx.op("Mul", g, ctx.op("Div", hit, count)), x)]
 
 
 @grad_rule("ReduceSumSquare", inputs=(0,))

@@ -117,14 +117,20 @@ UNARY = [
     ("Identity", lambda x: x, None), ("Relu", torch.relu, None), ("Sigmoid", torch.sigmoid, None),
     ("Tanh", torch.tanh, None), ("Softplus", lambda x: F.softplus(x), None),
     ("Elu", lambda x: F.elu(x), None),
+    ("Tan", torch.tan, "small"), ("Asin", torch.asin, "unit"), ("Acos", torch.acos, "unit"),
+    ("Atan", torch.atan, None), ("Sinh", torch.sinh, None), ("Cosh", torch.cosh, None),
+    ("Asinh", torch.asinh, None), ("Acosh", torch.acosh, "above1"), ("Atanh", torch.atanh, "unit"),
+    ("HardSigmoid", lambda x: torch.clamp(0.2 * x + 0.5, 0, 1), "wide"),
+    ("HardSwish", lambda x: F.hardswish(x), "wide"), ("Selu", lambda x: F.selu(x), None),
+    ("Softsign", lambda x: F.softsign(x), None),
 ]
 
 
 @pytest.mark.parametrize("op,fn,domain", UNARY, ids=[u[0] for u in UNARY])
 def test_unary(op, fn, domain):
     x = rand(3, 5)
-    if domain == "pos":
-        x = np.abs(x) + 0.3
+    x = {"pos": np.abs(x) + 0.3, "small": 0.5 * x, "unit": np.tanh(x) * 0.9,
+         "above1": np.abs(x) + 1.2, "wide": 3 * x}.get(domain, x)
     run_case([N(op, ["x"], ["y"])], "y", [3, 5], {"x": x}, ["x"], fn)
 
 
@@ -198,6 +204,68 @@ def test_softmax_cross_entropy_loss_internal():
                 domain="com.microsoft")], "l", [], {"scores": scores, "labels": labels},
              ["scores"], lambda scores, labels: F.cross_entropy(scores, labels, ignore_index=2),
              init={"ig": np.asarray(2, np.int64)})
+
+
+def test_prelu_mod_cumsum_trilu():
+    x, slope = rand(3, 4), rand(4)
+    run_case([N("PRelu", ["x", "slope"], ["y"])], "y", [3, 4], {"x": x, "slope": slope},
+             ["x", "slope"], lambda x, slope: torch.where(x > 0, x, slope * x))
+    a, b = rand(3, 4, scale=3.0), np.abs(rand(4)) + 0.5
+    run_case([N("Mod", ["a", "b"], ["y"], fmod=1)], "y", [3, 4], {"a": a, "b": b}, ["a", "b"],
+             lambda a, b: torch.fmod(a, b))
+    for exclusive in (0, 1):
+        for reverse in (0, 1):
+            def ref(x, exclusive=exclusive, reverse=reverse):
+                t = x.flip(1) if reverse else x
+                c = t.cumsum(1)
+                if exclusive:
+                    c = c - t
+                return c.flip(1) if reverse else c
+            run_case([N("CumSum", ["x", "ax"], ["y"], exclusive=exclusive, reverse=reverse)],
+                     "y", [3, 4], {"x": x}, ["x"], ref, init={"ax": np.asarray(1, np.int64)})
+    m = rand(4, 4)
+    run_case([N("Trilu", ["m", "k"], ["y"], upper=0)], "y", [4, 4], {"m": m}, ["m"],
+             lambda m: torch.tril(m, 1), init={"k": np.asarray(1, np.int64)})
+
+
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
+@pytest.mark.parametrize("axes,keepdims", [([1], 0), ([0, 1], 1), (None, 0)])
+def test_reduce_max_min_split_ties(op, axes, keepdims):
+    x = np.round(rand(3, 4), 0)  # many ties
+    dims = (0, 1) if axes is None else tuple(axes)
+    fn = torch.amax if op == "ReduceMax" else torch.amin
+    out_shape = list(fn(torch.from_numpy(x), dims, keepdim=bool(keepdims)).shape)
+    init = {} if axes is None else {"axes": np.asarray(axes, np.int64)}
+    run_case([N(op, ["x"] + (["axes"] if axes else []), ["y"], keepdims=keepdims)], "y",
+             out_shape, {"x": x}, ["x"], lambda x: fn(x, dims, keepdim=bool(keepdims)),
+             init=init, opset=18)
+
+
+@pytest.mark.parametrize("reduction", ["none", "add"])
+def test_scatter_elements_and_nd(reduction):
+    data, upd = rand(4, 5), rand(2, 5)
+    idx = np.array([[0, 1, 2, 3, 0], [3, 2, 1, 0, 1]], dtype=np.int64)
+    if reduction == "none":
+        def ref(data, upd, idx):
+            return data.scatter(0, idx, upd)
+    else:
+        def ref(data, upd, idx):
+            return data.scatter_add(0, idx, upd)
+    run_case([N("ScatterElements", ["data", "idx", "upd"], ["y"], axis=0, reduction=reduction)],
+             "y", [4, 5], {"data": data, "idx": idx, "upd": upd}, ["data", "upd"], ref,
+             opset=18)
+    nidx = np.array([[1], [3]], dtype=np.int64)
+
+    def ref_nd(data, upd, nidx):
+        out = data.clone()
+        if reduction == "none":
+            out[nidx[:, 0]] = upd
+        else:
+            out[nidx[:, 0]] += upd
+        return out
+
+    run_case([N("ScatterND", ["data", "nidx", "upd"], ["y"], reduction=reduction)], "y", [4, 5],
+             {"data": data, "nidx": nidx, "upd": upd}, ["data", "upd"], ref_nd, opset=18)
 
 
 def test_shared_input_accumulates():
