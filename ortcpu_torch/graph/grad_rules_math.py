@@ -330,9 +330,12 @@ def _matmul(ctx, node, dy, needs):
         return [da, db]
     out_shape = ctx.values.shape(node.output[0])
     if needs[0]:
-        bt = ctx.op("Transpose", b, perm=[1, 0]) if rb == 2 else _swap_last2(ctx, b, rb)
-        prod = ctx.op("MatMul", g, bt)
-        da = ctx.reduce_to(prod, _with_last2(out_shape, a, ctx), a)
+        if rb == 2:  # [..., N] x Bᵀ as one GEMM over the flattened rows: no copy of B
+            rows = ctx.op("Gemm", ctx.op("Flatten", g, axis=ra - 1), b, transB=1)
+            da = ctx.named(ctx.op("Reshape", rows, ctx.shape_of(a), hint=f"{a}_grad"), a)
+        else:
+            prod = ctx.op("MatMul", g, _swap_last2(ctx, b, rb))
+            da = ctx.reduce_to(prod, _with_last2(out_shape, a, ctx), a)
     if needs[1]:
         if rb == 2:  # a weight shared over the batch dims: one GEMM over the flattened rows
             rows_a = ctx.op("Flatten", a, axis=ra - 1)
@@ -462,17 +465,20 @@ def _reduce_sum(ctx, node, dy, needs):
 
 @grad_rule("ReduceMean", inputs=(0,))
 def _reduce_mean(ctx, node, dy, needs):
+    """dY / count, then broadcast back (scaling the small tensor, not the expanded one)."""
     x = node.input[0]
-    g, kind, axes = _expanded(ctx, node, dy[0])
-    if g is None:
+    kind, axes = _reduce_axes(ctx, node)
+    if kind == "none":
         return [dy[0]]
     shape = ctx.values.static_shape(x)
     if shape is not None and kind != "tensor":
         count = int(np.prod(shape if kind == "all" else [shape[a] for a in axes]))
-        return [ctx.named(ctx.mul_scalar(g, 1.0 / max(count, 1), x), x)]
-    ratio = ctx.op("Div", ctx.op("Size", x), ctx.op("Size", node.output[0]))
-    ratio = ctx.op("Cast", ratio, to=ctx.float_dtype(x))
-    return [ctx.named(ctx.op("Div", g, ratio), x)]
+        scaled = ctx.mul_scalar(dy[0], 1.0 / max(count, 1), x)
+    else:
+        ratio = ctx.op("Div", ctx.op("Size", x), ctx.op("Size", node.output[0]))
+        scaled = ctx.op("Div", dy[0], ctx.op("Cast", ratio, to=ctx.float_dtype(x)))
+    g, _, _ = _expanded(ctx, node, scaled)
+    return [ctx.named(g, x)]
 
 
 @grad_rule("ReduceMax", "ReduceMin", inputs=(0,))

@@ -247,13 +247,14 @@ def _average_pool(ctx, node, dy, needs):
 @grad_rule("GlobalAveragePool")
 def _global_average_pool(ctx, node, dy, needs):
     x = node.input[0]
-    full = ctx.op("Expand", dy[0], ctx.shape_of(x))
     shape = ctx.values.static_shape(x)
     if shape is not None:
-        return [ctx.named(ctx.mul_scalar(full, 1.0 / max(1, math.prod(shape[2:])), x), x)]
-    count = ctx.op("Cast", ctx.op("Div", ctx.op("Size", x), ctx.op("Size", node.output[0])),
-                   to=ctx.float_dtype(x))
-    return [ctx.named(ctx.op("Div", full, count), x)]
+        scaled = ctx.mul_scalar(dy[0], 1.0 / max(1, math.prod(shape[2:])), x)
+    else:
+        count = ctx.op("Cast", ctx.op("Div", ctx.op("Size", x),
+                                      ctx.op("Size", node.output[0])), to=ctx.float_dtype(x))
+        scaled = ctx.op("Div", dy[0], count)
+    return [ctx.named(ctx.op("Expand", scaled, ctx.shape_of(x), hint=f"{x}_grad"), x)]
 
 
 # ---- losses -------------------------------------------------------------------------------------
