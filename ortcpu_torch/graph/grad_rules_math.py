@@ -410,6 +410,34 @@ def _gemm(ctx, node, dy, needs):
     return [da, db, dc]
 
 
+@grad_rule("Einsum")
+def _einsum(ctx, node, dy, needs):
+    """Each operand's gradient is an einsum of dY with the other operands, read back
+    into the operand's subscripts. Explicit output subscripts, no ellipsis, no repeated
+    subscript within one operand; an operand's subscripts must appear in the output or in
+    another operand (what is summed out of one operand alone needs an Expand: not done)."""
+    eq = attr(node, "equation")
+    eq = (eq.decode() if isinstance(eq, bytes) else eq).replace(" ", "")
+    if "->" not in eq or "." in eq:
+        raise GradientBuildError(f"{describe(node)}: the Einsum gradient needs explicit "
+                                 f"output subscripts and no ellipsis, got {eq!r}")
+    lhs, out = eq.split("->")
+    subs = lhs.split(",")
+    res = []
+    for i, (x, want) in enumerate(zip(node.input, needs, strict=True)):
+        if not want:
+            res.append(None)
+            continue
+        others = [s for k, s in enumerate(subs) if k != i]
+        if len(set(subs[i])) != len(subs[i]) or not set(subs[i]) <= set(out).union(*others):
+            raise GradientBuildError(f"{describe(node)}: no Einsum gradient rule for operand "
+                                     f"{i} of {eq!r} (repeated or summed-alone subscripts)")
+        inputs = [dy[0]] + [n for k, n in enumerate(node.input) if k != i]
+        grad_eq = ",".join([out] + others) + "->" + subs[i]
+        res.append(ctx.named(ctx.op("Einsum", *inputs, equation=grad_eq, hint=f"{x}_grad"), x))
+    return res
+
+
 # ---- reductions ------------------------------------------------------------------------------
 
 

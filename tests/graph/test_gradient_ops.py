@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from onnx import helper as h
 
+from ortcpu_torch.graph import GradientBuildError, build_gradient_graph
+
 from .gradient_harness import (
     F32,
     F64,
@@ -292,6 +294,24 @@ def test_matmul_float64():
     a, b = rand(2, 3, 4, dtype=np.float64), rand(4, 5, dtype=np.float64)
     run_case([N("MatMul", ["a", "b"], ["y"])], "y", [2, 3, 5], {"a": a, "b": b}, ["a", "b"],
              torch.matmul, dtype=F64, atol=1e-12)
+
+
+@pytest.mark.parametrize("eq,shapes", [("bhqd,bhkd->bhqk", [(2, 2, 3, 4), (2, 2, 5, 4)]),
+                                       ("ij,jk->ik", [(3, 4), (4, 5)]),
+                                       ("ij,j->i", [(3, 4), (4,)]),
+                                       ("ij->ji", [(3, 4)])])
+def test_einsum(eq, shapes):
+    feeds = {f"x{i}": rand(*s) for i, s in enumerate(shapes)}
+    out_shape = list(torch.einsum(eq, *[torch.from_numpy(v) for v in feeds.values()]).shape)
+    run_case([N("Einsum", list(feeds), ["y"], equation=eq)], "y", out_shape, feeds, list(feeds),
+             lambda **kw: torch.einsum(eq, *kw.values()))
+
+
+def test_einsum_unsupported_form_is_a_clear_error():
+    nodes = [N("Einsum", ["a"], ["y"], equation="ij->i"), N("ReduceSum", ["y"], ["loss"])]
+    model = make_model(nodes, [("a", F32, [3, 4])], [("loss", F32, [])])
+    with pytest.raises(GradientBuildError, match="no Einsum gradient rule for operand 0"):
+        build_gradient_graph(model, ["a"], "loss")
 
 
 @pytest.mark.parametrize("ta", [0, 1])
