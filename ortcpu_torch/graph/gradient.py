@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .. import kernels
 from . import (  # noqa: F401  (each module registers its rules)
     grad_rules_activation,
     grad_rules_math,
@@ -111,8 +112,6 @@ def build_gradient_graph(model: onnx.ModelProto | str | os.PathLike | bytes,
                 f"requires_grad: the model already has a value named {p + '_grad'!r}, "
                 f"the name of the gradient output of {p!r}")
     used.update(f"{p}_grad" for p in params)  # reserved for the outputs
-    from .. import kernels
-
     registry = set(kernels.names())
 
     def check_emit(domain: str, op_type: str) -> None:
@@ -180,7 +179,7 @@ def _load(model) -> onnx.ModelProto:
     if isinstance(model, (str, os.PathLike)):
         try:
             return onnx.load(os.fspath(model))
-        except (OSError, onnx.onnx_cpp2py_export.checker.ValidationError, Exception) as e:
+        except Exception as e:  # OSError, protobuf's DecodeError, onnx's errors
             raise GradientBuildError(f"model: cannot load {os.fspath(model)!r}: {e}") from e
     raise TypeError(f"model: expected an onnx.ModelProto, a path or bytes, got "
                     f"{type(model).__name__}")
