@@ -838,3 +838,28 @@ def test_pool_input_with_two_gradient_contributions_ours():
               N("Tanh", ["x"], ["t"]), N("ReduceMean", ["t"], ["m"], axes=[2, 3]),
               N("Add", ["p", "m"], ["y"])], "y", [1, 2, 2, 2], {"x": x}, ["x"],
              lambda x: F.max_pool2d(x, 2) + torch.tanh(x).mean((2, 3), keepdim=True))
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+def test_pool_ceil_mode_and_same_padding(op):
+    """ceil_mode windows overhanging the input, and auto_pad SAME_UPPER turned into
+    explicit pads for the gradient op (ORT's ignore auto_pad)."""
+    x = rand(1, 2, 8, 8)
+    fn = F.max_pool2d if op == "MaxPool" else F.avg_pool2d
+    extra = {} if op == "MaxPool" else {"count_include_pad": False}
+    run_case([N(op, ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)], "y",
+             [1, 2, 4, 4], {"x": x}, ["x"],
+             lambda x: fn(x, 3, 2, ceil_mode=True, **extra))
+    x = rand(1, 2, 7, 7)
+    run_case([N(op, ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2], auto_pad="SAME_UPPER")],
+             "y", [1, 2, 4, 4], {"x": x}, ["x"],
+             lambda x: fn(F.pad(x, (0, 1, 0, 1), value=-1e30 if op == "MaxPool" else 0.0), 2)
+             if op == "MaxPool" else _avg_same_upper(x))
+
+
+def _avg_same_upper(x):
+    """2x2/2 average with one padded row and column at the end, not counted."""
+    ones = torch.ones_like(x)
+    s = F.avg_pool2d(F.pad(x, (0, 1, 0, 1)), 2, divisor_override=1)
+    c = F.avg_pool2d(F.pad(ones, (0, 1, 0, 1)), 2, divisor_override=1)
+    return s / c
