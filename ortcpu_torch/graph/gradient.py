@@ -40,7 +40,7 @@ from .grad_rules_base import (
 )
 
 __all__ = ["build_gradient_graph", "GradientBuildError", "FORWARD_NODES_KEY",
-           "gradient_rules"]
+           "gradient_rules", "split_training_graph"]
 
 MIN_OPSET = 13
 MAX_IR_VERSION = 10  # onnxruntime 1.19.2 refuses IR version 11 and later
@@ -158,6 +158,28 @@ def build_gradient_graph(model: onnx.ModelProto | str | os.PathLike | bytes,
     _finish_model(model, len(forward))
     _check_defined(graph)
     return model
+
+
+def split_training_graph(training: onnx.ModelProto) -> tuple[list, list, list[str]]:
+    """(forward nodes, backward nodes, saved values) of a graph built here: the saved
+    values are what the backward part reads from the forward part (graph inputs,
+    initializers and forward node outputs, in order of first use), i.e. what a caller
+    running the two parts separately (ORTModule) keeps between them."""
+    meta = {p.key: p.value for p in training.metadata_props}
+    if FORWARD_NODES_KEY not in meta:
+        raise ValueError(f"training: no {FORWARD_NODES_KEY!r} metadata; not a graph built by "
+                         "build_gradient_graph")
+    n = int(meta[FORWARD_NODES_KEY])
+    forward, backward = list(training.graph.node[:n]), list(training.graph.node[n:])
+    g = training.graph
+    from_forward = {i.name for i in g.input} | {t.name for t in g.initializer}
+    from_forward |= {o for node in forward for o in node.output if o}
+    saved = []
+    for node in backward:
+        for name in node.input:
+            if name in from_forward and name not in saved:
+                saved.append(name)
+    return forward, backward, saved
 
 
 def gradient_rules() -> list[tuple[str, str]]:

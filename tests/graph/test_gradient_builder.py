@@ -10,6 +10,7 @@ import torch
 from onnx import helper as h
 
 from ortcpu_torch.graph import FORWARD_NODES_KEY, GradientBuildError, build_gradient_graph
+from ortcpu_torch.graph.gradient import gradient_rules, split_training_graph
 
 from .gradient_harness import F32, I64, build, make_model, rand, run_ort, run_ours
 
@@ -273,3 +274,20 @@ def test_empty_and_size_one_batches(batch):
         np.testing.assert_allclose(got["b_grad"], mask.sum(0), atol=1e-6)
         np.testing.assert_allclose(got["x_grad"], mask @ init["W"].T, atol=1e-6)
         assert got["x_grad"].shape == (batch, 3)
+
+
+def test_split_training_graph_and_rule_listing():
+    model, _ = _two_layer()
+    training = build(model, ["W1", "W2"])
+    forward, backward, saved = split_training_graph(training)
+    assert len(forward) == len(model.graph.node)
+    assert len(forward) + len(backward) == len(training.graph.node)
+    # Sigmoid's output (SigmoidGrad), ReduceSumSquare's input and what the MatMul
+    # gradients multiply with; not the loss, not b1 or the MatMul outputs
+    assert {"a", "x", "W2", "out"} <= set(saved)
+    assert not {"loss", "b1", "h0", "o0"} & set(saved)
+    with pytest.raises(ValueError, match="not a graph built by"):
+        split_training_graph(model)
+    rules = gradient_rules()
+    for key in [("", "Conv"), ("", "LSTM"), ("com.microsoft", "Gelu"), ("", "Shape")]:
+        assert key in rules
