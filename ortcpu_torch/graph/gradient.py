@@ -266,12 +266,25 @@ def _type_name(elem_type: int | None) -> str:
 
 
 def _all_names(model: onnx.ModelProto) -> set[str]:
-    g = model.graph
-    names = {i.name for i in g.input} | {o.name for o in g.output}
-    names |= {t.name for t in g.initializer} | {v.name for v in g.value_info}
-    for n in g.node:
-        names.update(n.input)
-        names.update(n.output)
+    """Every value name of the model, subgraphs (If/Loop/Scan bodies) included."""
+    names: set[str] = set()
+
+    def visit(g: onnx.GraphProto) -> None:
+        names.update(i.name for i in g.input)
+        names.update(o.name for o in g.output)
+        names.update(t.name for t in g.initializer)
+        names.update(v.name for v in g.value_info)
+        for n in g.node:
+            names.update(n.input)
+            names.update(n.output)
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    visit(a.g)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    for sub in a.graphs:
+                        visit(sub)
+
+    visit(model.graph)
     names.discard("")
     return names
 

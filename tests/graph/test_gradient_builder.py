@@ -291,3 +291,22 @@ def test_split_training_graph_and_rule_listing():
     rules = gradient_rules()
     for key in [("", "Conv"), ("", "LSTM"), ("com.microsoft", "Gelu"), ("", "Shape")]:
         assert key in rules
+
+
+def test_names_inside_subgraphs_are_not_reused():
+    """A value named like a gradient inside an If branch (off the gradient path): the
+    builder's fresh names avoid it."""
+    then = h.make_graph([N("Identity", ["x"], ["y_grad"])], "then", [],
+                        [h.make_tensor_value_info("y_grad", F32, [3])])
+    other = h.make_graph([N("Neg", ["x"], ["n"])], "else", [],
+                         [h.make_tensor_value_info("n", F32, [3])])
+    nodes = [N("Relu", ["x"], ["y"]), N("ReduceSum", ["y"], ["loss"], keepdims=0),
+             N("If", ["flag"], ["side"], then_branch=then, else_branch=other)]
+    model = make_model(nodes, [("x", F32, [3]), ("flag", 9, [])],
+                       [("loss", F32, []), ("side", F32, [3])])
+    training = build(model, ["x"])
+    top = {o for n in training.graph.node for o in n.output}
+    assert "y_grad" not in top
+    x = rand(3)
+    got = run_ort(training, {"x": x, "flag": np.asarray(True)})
+    np.testing.assert_array_equal(got["x_grad"], (x > 0).astype(np.float32))
