@@ -24,7 +24,9 @@ from .. import kernels
 from . import (  # noqa: F401  (each module registers its rules)
     grad_rules_activation,
     grad_rules_math,
+    grad_rules_matmul,
     grad_rules_nn,
+    grad_rules_reduce,
     grad_rules_rnn,
     grad_rules_tensor,
 )
