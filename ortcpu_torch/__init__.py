@@ -46,7 +46,14 @@ from ._wrap import (  # noqa: E402
 __all__ += ["FallbackError", "FallbackWarning", "kernels_enabled", "optimize", "report",
             "unwrap", "wrap"]
 
-# the ONNX graph executor with onnxruntime's session API
-from .graph import InferenceSession  # noqa: E402
-
 __all__ += ["InferenceSession"]
+
+
+def __getattr__(name):
+    # the ONNX graph executor (onnxruntime's session API), imported on first use: it needs
+    # the onnx package, which the kernels do not
+    if name == "InferenceSession":
+        from .graph import InferenceSession
+
+        return InferenceSession
+    raise AttributeError(f"module 'ortcpu_torch' has no attribute {name!r}")

@@ -15,6 +15,7 @@ as in onnxruntime. A sequence input (``seq(tensor)``) is fed as a Python list of
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import torch
 
@@ -125,6 +126,9 @@ class Executor:
     def plan_for(self, values: list) -> Plan:
         """The plan for these positional graph-input values (built and cached on first use)."""
         key = tuple(_sig(v) for v in values)
+        if self.defaults:  # which defaults were left to their initializer (constants then)
+            key += (tuple(v is self.defaults.get(n) for n, v in zip(self.input_names, values,
+                                                                   strict=True)),)
         plan = self._plans.get(key)
         if plan is None:
             plan = self._build(values, key)
@@ -137,7 +141,11 @@ class Executor:
                      if isinstance(v, torch.Tensor)}
         types_in = {s.name: s.elem_type for s in self.inputs}
         shapes, types = infer_value_shapes(self.model, shapes_in, types_in)
-        plan = build_plan(self.model.graph, self.opsets, self.constants, self.input_names,
+        consts = dict(self.constants)
+        for n, v in zip(self.input_names, values, strict=True):
+            if n in self.defaults and v is self.defaults[n]:
+                consts[n] = v  # not fed: a constant of this plan (folded like the others)
+        plan = build_plan(self.model.graph, self.opsets, consts, self.input_names,
                           shapes, types, fuse=self.fuse)
         if len(self._plans) >= 64:  # bound the cache under ever-changing shapes
             self._plans.pop(next(iter(self._plans)))
@@ -159,7 +167,8 @@ class Executor:
         vals = []
         for name in self.input_names:
             if name in feeds:
-                vals.append(feeds[name])
+                v = feeds[name]
+                vals.append(v if isinstance(v, torch.Tensor) else to_torch(name, v))
             elif name in self.defaults:
                 vals.append(self.defaults[name])
             else:
@@ -182,6 +191,35 @@ class Executor:
             raise ValueError(f"unknown output(s) {missing}; the model's outputs are "
                              f"{self.output_names}")
         return {n: res[n] for n in output_names}
+
+
+# numpy dtypes of the ml_dtypes package (what onnx uses) -> torch dtypes, same bits
+_ML_DTYPES = {"bfloat16": torch.bfloat16, "float8_e4m3fn": torch.float8_e4m3fn,
+              "float8_e4m3fnuz": torch.float8_e4m3fnuz, "float8_e5m2": torch.float8_e5m2,
+              "float8_e5m2fnuz": torch.float8_e5m2fnuz}
+_TORCH_TO_ML = {v: k for k, v in _ML_DTYPES.items()}
+
+
+def to_torch(name, v):
+    """A feed as a torch tensor (numpy arrays wrapped without a copy; ml_dtypes' bfloat16 /
+    float8 arrays reinterpreted bit for bit), lists element-wise."""
+    if isinstance(v, torch.Tensor):
+        return v
+    if isinstance(v, (list, tuple)):
+        return [to_torch(name, x) for x in v]
+    if isinstance(v, np.generic):
+        v = np.asarray(v)
+    if isinstance(v, np.ndarray):
+        if v.dtype == object or v.dtype.kind in "US":
+            raise FeedError(f"input {name!r}: string tensors are not supported")
+        if not v.flags.writeable:
+            v = v.copy()
+        ml = _ML_DTYPES.get(v.dtype.name)
+        if ml is not None:
+            return torch.from_numpy(v.view(f"uint{8 * v.itemsize}")).view(ml)
+        return torch.from_numpy(v)
+    raise FeedError(f"input {name!r}: expected a numpy array or torch tensor, got "
+                    f"{type(v).__name__}")
 
 
 def _sig(v):

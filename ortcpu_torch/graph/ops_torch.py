@@ -10,6 +10,7 @@ index, Resize maps coordinates by ``coordinate_transformation_mode``.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import torch
@@ -1141,3 +1142,56 @@ def _nll_loss(ctx):
             return loss.sum()
         return loss.sum() / w.sum()
     return nll
+
+
+def avg_pool_dilated(x, kernel_shape, strides=None, dilations=None, pads=None,
+                     auto_pad="NOTSET", ceil_mode=0, count_include_pad=0):
+    """ONNX AveragePool with dilations (opset 19) on torch ops: the sum over the kernel
+    offsets of strided slices of the zero-padded input, divided by the number of counted
+    positions (pads count only with ``count_include_pad``; positions that ``ceil_mode``
+    adds past the padding never count)."""
+    nd = x.dim() - 2
+    k = list(kernel_shape)
+    s = list(strides or [1] * nd)
+    d = list(dilations or [1] * nd)
+    p = list(pads or [0] * (2 * nd))
+    size = list(x.shape[2:])
+    span = [(k[i] - 1) * d[i] + 1 for i in range(nd)]
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = [-(-size[i] // s[i]) for i in range(nd)]
+        for i in range(nd):
+            total = max((out[i] - 1) * s[i] + span[i] - size[i], 0)
+            small, big = total // 2, total - total // 2
+            p[i], p[i + nd] = (small, big) if auto_pad == "SAME_UPPER" else (big, small)
+    elif auto_pad == "VALID":
+        p = [0] * (2 * nd)
+    out = []
+    for i in range(nd):
+        room = size[i] + p[i] + p[i + nd] - span[i]
+        o = (-(-room // s[i]) if ceil_mode else room // s[i]) + 1
+        if ceil_mode and (o - 1) * s[i] >= size[i] + p[i]:
+            o -= 1  # the last window may not start inside the end padding
+        out.append(o)
+    extra = [max((out[i] - 1) * s[i] + span[i] - (size[i] + p[i] + p[i + nd]), 0)
+             for i in range(nd)]
+    spec, mspec = [], []
+    for i in range(nd - 1, -1, -1):
+        spec += [p[i], p[i + nd] + extra[i]]
+    xp = F.pad(x, spec)
+    mask = torch.ones([1, 1] + size, dtype=x.dtype)
+    if count_include_pad:
+        mask = F.pad(mask, [v for i in range(nd - 1, -1, -1) for v in (p[i], p[i + nd])],
+                     value=1.0)
+        for i in range(nd - 1, -1, -1):
+            mspec += [0, extra[i]]
+    else:
+        mspec = spec
+    mp = F.pad(mask, mspec)
+    total = counted = None
+    for offs in itertools.product(*[range(kk) for kk in k]):
+        idx = tuple([slice(None), slice(None)] + [
+            slice(offs[i] * d[i], offs[i] * d[i] + (out[i] - 1) * s[i] + 1, s[i])
+            for i in range(nd)])
+        total = xp[idx] if total is None else total + xp[idx]
+        counted = mp[idx] if counted is None else counted + mp[idx]
+    return total / counted

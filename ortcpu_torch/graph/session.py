@@ -7,11 +7,10 @@ many on the torch-op long tail, what was folded and what was fused.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from .dtypes import type_string
-from .executor import Executor, FeedError
+from .executor import _TORCH_TO_ML, Executor, FeedError, to_torch
 from .planner import GraphRunError
 
 _CPU = "CPUExecutionProvider"
@@ -106,7 +105,7 @@ class InferenceSession:
         as_numpy = not any(isinstance(v, torch.Tensor) or
                            (isinstance(v, list) and v and isinstance(v[0], torch.Tensor))
                            for v in input_feed.values())
-        feeds = {k: _to_torch(k, v) for k, v in input_feed.items()}
+        feeds = {k: to_torch(k, v) for k, v in input_feed.items()}
         vals = self._ex.positional(feeds)
         plan = self._ex.plan_for(vals)
         self._last_plan = plan
@@ -145,33 +144,6 @@ class InferenceSession:
         lines.append(f"folded at plan time: {len(plan.folded)} node(s)")
         lines.append("fusions: " + ("; ".join(plan.fusions) if plan.fusions else "none"))
         return "\n".join(lines)
-
-
-# numpy dtypes of the ml_dtypes package (what onnx uses) -> torch dtypes, same bits
-_ML_DTYPES = {"bfloat16": torch.bfloat16, "float8_e4m3fn": torch.float8_e4m3fn,
-              "float8_e4m3fnuz": torch.float8_e4m3fnuz, "float8_e5m2": torch.float8_e5m2,
-              "float8_e5m2fnuz": torch.float8_e5m2fnuz}
-_TORCH_TO_ML = {v: k for k, v in _ML_DTYPES.items()}
-
-
-def _to_torch(name, v):
-    if isinstance(v, torch.Tensor):
-        return v
-    if isinstance(v, (list, tuple)):
-        return [_to_torch(name, x) for x in v]
-    if isinstance(v, np.generic):
-        v = np.asarray(v)
-    if isinstance(v, np.ndarray):
-        if v.dtype == object or v.dtype.kind in "US":
-            raise FeedError(f"input {name!r}: string tensors are not supported")
-        if not v.flags.writeable:
-            v = v.copy()
-        ml = _ML_DTYPES.get(v.dtype.name)
-        if ml is not None:
-            return torch.from_numpy(v.view(f"uint{8 * v.itemsize}")).view(ml)
-        return torch.from_numpy(v)
-    raise FeedError(f"input {name!r}: expected a numpy array or torch tensor, got "
-                    f"{type(v).__name__}")
 
 
 def _storage(t: torch.Tensor) -> int:
