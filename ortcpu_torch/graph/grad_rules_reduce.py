@@ -121,3 +121,32 @@ def _reduce_logsumexp(ctx, node, dy, needs):  # softmax of x over the reduced ax
         return [dy[0]]
     yk = _keep_dims(ctx, node, y, kind, axes)
     return [ctx.named(ctx.op("Mul", g, ctx.op("Exp", ctx.op("Sub", x, yk))), x)]
+
+
+@grad_rule("ReduceProd", inputs=(0,))
+def _reduce_prod(ctx, node, dy, needs):
+    """dX = dY · (product of the other elements), exact with zeros: the product of the
+    non-zero elements, divided by x where the slice has no zero, taken as is at the one
+    zero of a slice with exactly one, and 0 otherwise."""
+    x = node.input[0]
+    g, kind, axes = _expanded(ctx, node, dy[0])
+    if g is None:
+        return [dy[0]]
+
+    def reduce(op, value):
+        if kind == "static":
+            return ctx.op(op, value, ctx.ints(axes), keepdims=1)
+        if kind == "tensor":
+            return ctx.op(op, value, axes, keepdims=1)
+        return ctx.op(op, value, keepdims=1)
+
+    zero, one = ctx.scalar(0.0, x), ctx.scalar(1.0, x)
+    is_zero = ctx.op("Equal", x, zero)
+    nonzero = ctx.op("Where", is_zero, one, x)
+    prod_nonzero = reduce("ReduceProd", nonzero)
+    zeros = reduce("ReduceSum", ctx.op("Cast", is_zero, to=ctx.float_dtype(x)))
+    at_zero = ctx.op("Where", ctx.op("Equal", zeros, one), prod_nonzero, zero)
+    elsewhere = ctx.op("Where", ctx.op("Equal", zeros, zero),
+                       ctx.op("Div", prod_nonzero, nonzero), zero)
+    others = ctx.op("Where", is_zero, at_zero, elsewhere)
+    return [ctx.named(ctx.op("Mul", g, others), x)]

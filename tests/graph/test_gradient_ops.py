@@ -362,6 +362,21 @@ def test_reductions(op, axes, keepdims):
              init=init, opset=opset)
 
 
+@pytest.mark.parametrize("axes", [[1], None])
+def test_reduce_prod_with_zeros(axes):
+    x = rand(4, 3)
+    x[1, 0] = 0.0  # one zero in the row
+    x[2, :2] = 0.0  # two zeros in the row
+    init = {} if axes is None else {"axes": np.asarray(axes, np.int64)}
+    out_shape = [4] if axes else []
+
+    def fn(x):
+        return x.prod(1) if axes else x.prod()
+
+    run_case([N("ReduceProd", ["x"] + (["axes"] if axes else []), ["y"], keepdims=0)], "y",
+             out_shape, {"x": x}, ["x"], fn, init=init, opset=18)
+
+
 def test_reduce_mean_axes_attribute_opset17_and_dynamic_shape():
     nodes = [N("ReduceMean", ["x"], ["m"], axes=[1], keepdims=0),
              N("ReduceSum", ["m"], ["loss"], keepdims=0)]
