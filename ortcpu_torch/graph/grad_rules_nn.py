@@ -134,6 +134,43 @@ def _batch_norm_inference(ctx, node, dy, needs):
     return [dx, dscale, dbias]
 
 
+@grad_rule("InstanceNormalization", inputs=(0, 1, 2))
+def _instance_norm(ctx, node, dy, needs):
+    """Standard ops (ORT has no gradient op for it): with x̂ and 1/σ recomputed per
+    (sample, channel), g = dY·scale and M the spatial size,
+    dX = (M·g - Σg - x̂·Σ(g·x̂)) / (M·σ), dScale = Σ dY·x̂, dB = Σ dY."""
+    x, scale, bias = node.input
+    rank = ctx.values.rank(x)
+    if rank is None or rank < 3:
+        raise GradientBuildError(f"{describe(node)}: the rank of X is unknown or < 3")
+    eps = float(attr(node, "epsilon", 1e-5))
+    spatial = list(range(2, rank))
+
+    def mean(value):
+        if ctx.opset >= 18:
+            return ctx.op("ReduceMean", value, ctx.ints(spatial), keepdims=1)
+        return ctx.op("ReduceMean", value, axes=spatial, keepdims=1)
+
+    centered = ctx.op("Sub", x, mean(x))
+    inv_std = ctx.op("Reciprocal", ctx.op("Sqrt", ctx.op(
+        "Add", mean(ctx.op("Mul", centered, centered)), ctx.scalar(eps, x))))
+    xhat = ctx.op("Mul", centered, inv_std)
+    channel_axes = ctx.ints([0] + spatial)
+    dx = dscale = dbias = None
+    if needs[0]:
+        g = ctx.op("Mul", dy[0], _per_channel(ctx, scale, rank))
+        corrected = ctx.op("Sub", ctx.op("Sub", g, mean(g)),
+                           ctx.op("Mul", xhat, mean(ctx.op("Mul", g, xhat))))
+        dx = ctx.named(ctx.op("Mul", corrected, inv_std, hint=f"{x}_grad"), x)
+    if needs[1]:
+        dscale = ctx.named(ctx.op("ReduceSum", ctx.op("Mul", dy[0], xhat), channel_axes,
+                                  keepdims=0, hint=f"{scale}_grad"), scale)
+    if needs[2]:
+        dbias = ctx.named(ctx.op("ReduceSum", dy[0], channel_axes, keepdims=0,
+                                 hint=f"{bias}_grad"), bias)
+    return [dx, dscale, dbias]
+
+
 # ---- convolution --------------------------------------------------------------------------
 
 

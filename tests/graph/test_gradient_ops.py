@@ -523,6 +523,15 @@ def test_batch_norm_training(shape):
     np.testing.assert_allclose(got["nrm"], 0.9 * init["rm"] + 0.1 * mean, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("opset", [17, 18])
+def test_instance_norm(opset):
+    x = rand(2, 3, 4, 5, scale=2.0) + 0.3
+    run_case([N("InstanceNormalization", ["x", "s", "b"], ["y"], epsilon=1e-5)], "y",
+             [2, 3, 4, 5], {"x": x, "s": rand(3), "b": rand(3)}, ["x", "s", "b"],
+             lambda x, s, b: F.instance_norm(x, weight=s, bias=b, eps=1e-5), atol=2e-5,
+             opset=opset)
+
+
 def test_batch_norm_inference_mode():
     c = 3
     init = {"rm": rand(c), "rv": np.abs(rand(c)) + 0.5}
