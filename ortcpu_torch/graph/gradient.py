@@ -9,6 +9,17 @@ rule per op (``grad_rules_*.py``), and outputs one ``<input>_grad`` per trainabl
 after the forward outputs. Only gradients on a path from a trainable input to the loss
 are computed. The result is valid ONNX (opset 13-21 + com.microsoft 1, IR version <= 10)
 that onnxruntime-training 1.19.2 runs as well as our executor.
+
+What onnxruntime-training 1.19.2 needs, and the builder does (measured, see the tests):
+LayerNormalizationGrad, SimplifiedLayerNormalizationGrad and BatchNormalizationGrad
+require all their outputs; LSTMGrad/GRUGrad crash when an optional output is left out
+(so all are named, unused ones ``*_grad_unused``); ConvGrad and the pool gradients ignore
+auto_pad (explicit pads are computed from static shapes); MaxPoolGrad/AveragePoolGrad
+read their output shape from the graph's value_info; tanh GELU needs FastGeluGrad (ORT's
+own builder gives ai.onnx Gelu-20 the erf gradient); DropoutGrad ignores training_mode
+(a run-time flag gets a Where). ORT's own builder also fails on forms this one accepts:
+LayerNormalization without its stats outputs (ORT issue #19427), SoftmaxCrossEntropyLoss
+without log_prob, LSTM/GRU without Y or initial states.
 """
 
 from __future__ import annotations
