@@ -25,6 +25,7 @@ from .gradient_harness import (
     make_model,
     rand,
     run_ort,
+    run_ours,
     torch_reference,
 )
 
@@ -95,10 +96,10 @@ def test_binary_broadcast_dynamic_shapes_use_broadcast_gradient_args():
     assert "BroadcastGradientArgs" in {n.op_type for n in training.graph.node}
     for bs in ((3, 1), (1, 1)):
         feeds = {"a": rand(2, 3, 4), "b": rand(*bs)}
-        got = run_ort(training, feeds)
         want = torch_reference(lambda a, b: (a * b).sum(), feeds, ["a", "b"])
-        for k in ("a_grad", "b_grad"):
-            np.testing.assert_allclose(got[k], want[k], atol=1e-5, rtol=1e-5)
+        for got in (run_ort(training, feeds), run_ours(training, feeds)):
+            for k in ("a_grad", "b_grad"):
+                np.testing.assert_allclose(got[k], want[k], atol=1e-5, rtol=1e-5)
 
 
 def test_pow_constant_and_tensor_exponent():
@@ -382,8 +383,8 @@ def test_reduce_mean_axes_attribute_opset17_and_dynamic_shape():
              N("ReduceSum", ["m"], ["loss"], keepdims=0)]
     model = make_model(nodes, [("x", F32, ["N", 5])], [("loss", F32, [])])
     training = build(model, ["x"])
-    got = run_ort(training, {"x": rand(3, 5)})
-    np.testing.assert_allclose(got["x_grad"], np.full((3, 5), 0.2, np.float32), rtol=1e-6)
+    for got in (run_ort(training, {"x": rand(3, 5)}), run_ours(training, {"x": rand(3, 5)})):
+        np.testing.assert_allclose(got["x_grad"], np.full((3, 5), 0.2, np.float32), rtol=1e-6)
 
 
 def test_reduce_sum_axes_from_a_graph_input():
@@ -419,9 +420,10 @@ def test_dropout_training_uses_the_forward_mask():
     training = build(model, ["x"])
     assert "DropoutGrad" in {n.op_type for n in training.graph.node}
     w = rand(6, 7)
-    got = run_ort(training, {"x": rand(6, 7), "w": w})
-    np.testing.assert_allclose(got["x_grad"], got["mask"] * w / 0.7, rtol=1e-6, atol=1e-7)
-    assert 0 < got["mask"].sum() < 42
+    for got in (run_ort(training, {"x": rand(6, 7), "w": w}),
+                run_ours(training, {"x": rand(6, 7), "w": w})):
+        np.testing.assert_allclose(got["x_grad"], got["mask"] * w / 0.7, rtol=1e-6, atol=1e-7)
+        assert 0 < got["mask"].sum() < 42
 
 
 def test_dropout_mask_added_when_missing_and_inference_is_identity():
@@ -435,11 +437,11 @@ def test_dropout_mask_added_when_missing_and_inference_is_identity():
         training = build(model, ["x"])
         ops = {n.op_type for n in training.graph.node}
         assert ("DropoutGrad" in ops) == expect_grad_op
-        got = run_ort(training, {"x": x})
-        if not expect_grad_op:
-            np.testing.assert_array_equal(got["x_grad"], np.ones_like(x))
-        else:  # kept elements get 1/(1-0.5), dropped ones 0
-            assert set(np.unique(got["x_grad"]).tolist()) <= {0.0, 2.0}
+        for got in (run_ort(training, {"x": x}), run_ours(training, {"x": x})):
+            if not expect_grad_op:
+                np.testing.assert_array_equal(got["x_grad"], np.ones_like(x))
+            else:  # kept elements get 1/(1-0.5), dropped ones 0
+                assert set(np.unique(got["x_grad"]).tolist()) <= {0.0, 2.0}
 
 
 def test_dropout_run_time_training_mode():
@@ -451,10 +453,11 @@ def test_dropout_run_time_training_mode():
                        {"ratio": np.asarray(0.5, np.float32)})
     training = build(model, ["x"])
     x = rand(4, 5)
-    got = run_ort(training, {"x": x, "train": np.asarray(False)})
-    np.testing.assert_array_equal(got["x_grad"], np.ones_like(x))
-    got = run_ort(training, {"x": x, "train": np.asarray(True)})
-    assert set(np.unique(got["x_grad"]).tolist()) <= {0.0, 2.0}
+    for run in (run_ort, run_ours):
+        got = run(training, {"x": x, "train": np.asarray(False)})
+        np.testing.assert_array_equal(got["x_grad"], np.ones_like(x))
+        got = run(training, {"x": x, "train": np.asarray(True)})
+        assert set(np.unique(got["x_grad"]).tolist()) <= {0.0, 2.0}
 
 
 # ---- normalization ----------------------------------------------------------------------------
@@ -721,9 +724,9 @@ def test_concat(static):
     training = build(model, ["a", "b"])
     ops = [n.op_type for n in training.graph.node]
     assert "ConcatTraining" in ops and "SplitTraining" in ops
-    got = run_ort(training, {"a": a, "b": b})
-    np.testing.assert_allclose(got["a_grad"], 2 * a, rtol=1e-6)
-    np.testing.assert_allclose(got["b_grad"], 2 * b, rtol=1e-6)
+    for got in (run_ort(training, {"a": a, "b": b}), run_ours(training, {"a": a, "b": b})):
+        np.testing.assert_allclose(got["a_grad"], 2 * a, rtol=1e-6)
+        np.testing.assert_allclose(got["b_grad"], 2 * b, rtol=1e-6)
 
 
 def test_split_with_an_unused_output():
