@@ -119,8 +119,9 @@ def test_param_the_loss_does_not_depend_on_gets_zeros():
     model = make_model(nodes, [("x", F32, [2, 3])], [("loss", F32, []), ("side", F32, [2, 7])],
                        init)
     training = build(model, ["W", "unused"])
-    got = run_ort(training, {"x": rand(2, 3)})
-    np.testing.assert_array_equal(got["unused_grad"], np.zeros((2, 7), np.float32))
+    for run in (run_ort, run_ours):
+        got = run(training, {"x": rand(2, 3)})
+        np.testing.assert_array_equal(got["unused_grad"], np.zeros((2, 7), np.float32))
     assert not any(n.op_type == "ReluGrad" for n in training.graph.node)
 
 
@@ -130,9 +131,10 @@ def test_graph_input_gradient_and_shared_gradient_values():
     nodes = [N("Add", ["a", "b"], ["y"]), N("ReduceSum", ["y"], ["loss"], keepdims=0)]
     model = make_model(nodes, [("a", F32, [2, 3]), ("b", F32, [2, 3])], [("loss", F32, [])])
     training = build(model, ["a", "b"])
-    got = run_ort(training, {"a": rand(2, 3), "b": rand(2, 3)})
-    np.testing.assert_array_equal(got["a_grad"], np.ones((2, 3), np.float32))
-    np.testing.assert_array_equal(got["b_grad"], np.ones((2, 3), np.float32))
+    feeds = {"a": rand(2, 3), "b": rand(2, 3)}
+    for got in (run_ort(training, feeds), run_ours(training, feeds)):
+        np.testing.assert_array_equal(got["a_grad"], np.ones((2, 3), np.float32))
+        np.testing.assert_array_equal(got["b_grad"], np.ones((2, 3), np.float32))
 
 
 def test_loss_gradient_seed_is_one_and_nonscalar_loss_is_summed():
@@ -148,7 +150,8 @@ def test_symbolic_batch_loss_shape():
     model = make_model(nodes, [("x", F32, ["N"])], [("loss", F32, ["N"])])
     training = build(model, ["x"])
     x = rand(7)
-    np.testing.assert_allclose(run_ort(training, {"x": x})["x_grad"], 2 * x, rtol=1e-6)
+    for run in (run_ort, run_ours):
+        np.testing.assert_allclose(run(training, {"x": x})["x_grad"], 2 * x, rtol=1e-6)
 
 
 # ---- bad input -------------------------------------------------------------------------------
@@ -251,7 +254,8 @@ def test_several_losses_are_summed():
     model = make_model(nodes, [("x", F32, [4])], [("l1", F32, []), ("l2", F32, [])])
     training = build(model, ["x"], ["l1", "l2"])
     x = rand(4)
-    np.testing.assert_allclose(run_ort(training, {"x": x})["x_grad"], 1 + 2 * x, rtol=1e-6)
+    for run in (run_ort, run_ours):
+        np.testing.assert_allclose(run(training, {"x": x})["x_grad"], 1 + 2 * x, rtol=1e-6)
 
 
 @pytest.mark.parametrize("batch", [0, 1])
