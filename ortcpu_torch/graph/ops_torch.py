@@ -247,29 +247,36 @@ def _shrink(ctx):
 _FLOAT8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2, torch.float8_e5m2fnuz)
 
 
+def cast_to(x: torch.Tensor, dt: torch.dtype, saturate: bool = True) -> torch.Tensor:
+    """ONNX Cast to ``dt``; to a float8 type out-of-range values (and ±inf) become ±max
+    with ``saturate``, else NaN (or ±inf for float8e5m2, the one type that has it)."""
+    if dt not in _FLOAT8 or not x.dtype.is_floating_point:
+        return x.to(dt)
+    y = x.float()
+    top = torch.finfo(dt).max
+    if saturate:
+        y = torch.where(torch.isnan(y), y, y.clamp(-top, top))
+    else:
+        big = y.abs() > top
+        over = torch.copysign(torch.tensor(math.inf), y) if dt == torch.float8_e5m2 else \
+            torch.full_like(y, math.nan)
+        y = torch.where(big, over, y)
+    return y.to(dt)
+
+
 @op("Cast")
 def _cast(ctx):
     dt = torch_dtype(ctx.attr("to"), f"Cast node {ctx.name!r}")
-    if dt in _FLOAT8 and ctx.attr("saturate", 1):
-        top = torch.finfo(dt).max
-        has_inf = dt == torch.float8_e5m2
-
-        def cast_saturate(x):  # out-of-range values clamp to the largest finite value
-            if not x.dtype.is_floating_point:
-                return x.to(dt)
-            y = x.float()
-            keep_inf = torch.isinf(y) if has_inf else None
-            y = y.clamp(-top, top)
-            if keep_inf is not None:
-                y = torch.where(keep_inf, x.float(), y)
-            return y.to(dt)
-        return cast_saturate
+    sat = bool(ctx.attr("saturate", 1))
+    if dt in _FLOAT8:
+        return lambda x: cast_to(x, dt, sat)
     return lambda x: x.to(dt)
 
 
 @op("CastLike")
 def _cast_like(ctx):
-    return lambda x, like: x.to(like.dtype)
+    sat = bool(ctx.attr("saturate", 1))
+    return lambda x, like: cast_to(x, like.dtype, sat)
 
 
 @op("Identity")
@@ -808,19 +815,26 @@ def _resize_axis(x, axis, out_n, scale, roi, attrs):
             idx = torch.ceil(src)
         y = x.index_select(axis, idx.clamp(0, n - 1).long())
     else:
-        if mode == "linear":
-            f = torch.floor(src)
+        f = torch.floor(src)
+        t = src - f
+        if attrs["antialias"] and scale < 1:
+            # downsampling with antialias: the filter stretched by 1/scale (more taps)
+            if mode == "linear":
+                start = math.floor(-1 / scale) + 1
+                offs = range(start, 2 - start)
+                w = [torch.clamp(1 - ((i - t) * scale).abs(), 0, 1) for i in offs]
+            else:
+                start = math.floor(-2 / scale) + 1
+                offs = range(start, 2 - start)
+                w = [_cubic((i - t) * scale, attrs["cubic_a"]) for i in offs]
+            taps = [f + i for i in offs]
+            tot = sum(w)
+            w = [ww / tot for ww in w]
+        elif mode == "linear":
             taps = [f, f + 1]
-            t = src - f
             w = [1 - t, t]
-            if attrs["antialias"] and scale < 1:
-                return _resize_antialias(x, axis, out_n, scale, src, attrs)
         else:  # cubic
-            if attrs["antialias"] and scale < 1:
-                return _resize_antialias(x, axis, out_n, scale, src, attrs)
             a = attrs["cubic_a"]
-            f = torch.floor(src)
-            t = src - f
             taps = [f - 1, f, f + 1, f + 2]
             d = [t + 1, t, 1 - t, 2 - t]
             w = [_cubic(dd, a) for dd in d]
@@ -848,21 +862,6 @@ def _cubic(d, a):
     return torch.where(d <= 1, ((a + 2) * d - (a + 3)) * d * d + 1,
                        torch.where(d < 2, ((a * d - 5 * a) * d + 8 * a) * d - 4 * a,
                                    torch.zeros_like(d)))
-
-
-def _resize_antialias(x, axis, out_n, scale, src, attrs):
-    n = x.shape[axis]
-    support = (1.0 if attrs["mode"] == "linear" else 2.0) / scale
-    j = torch.arange(n, dtype=torch.float64)
-    dist = (src.reshape(-1, 1) - j.reshape(1, -1)) * scale
-    if attrs["mode"] == "linear":
-        w = torch.clamp(1 - dist.abs(), min=0)
-    else:
-        w = _cubic(dist, attrs["cubic_a"])
-    w = torch.where((src.reshape(-1, 1) - j.reshape(1, -1)).abs() < support, w, 0.0)
-    w = w / w.sum(1, keepdim=True)
-    xd = x.double().movedim(axis, -1)
-    return (xd @ w.t()).movedim(-1, axis)
 
 
 def _resize_factory(ctx, upsample=False):

@@ -61,13 +61,8 @@ EXCLUDED_OPS = {
 EXCLUDED_CASES = {
     r"(INT4|UINT4|INT2|UINT2|FLOAT4E2M1|FLOAT8E8M0|_e8m0_)": "4-bit / 2-bit / e8m0 element "
     "types have no torch dtype",
-    r"^test_cast(like)?_.*FLOAT8": "float8 Cast saturation/NaN rules differ from torch's "
-    "float8 conversion in edge cases (out of range and NaN encodings); float8 is outside "
-    "the float32/float64 scope",
     r"_string": _STRING,
     r"^test_identity_opt": _CONTROL,
-    r"^test_resize_downsample_.*antialias": "Resize antialias (opset 18) filter differs from "
-    "the reference on downsampling; not implemented exactly",
     r"^test_training_dropout(?!_zero_ratio)": _RANDOM,
     r"^test_attention_.*fp16_expanded": "float16 attention: float16 rounding of the "
     "intermediate Softmax (ours is computed in float32) is off by one ulp",
