@@ -35,8 +35,6 @@
 #include <omp.h>
 #include <stdlib.h>
 
-#include <cblas.h>
-
 #ifndef WINO_BLOCK_BYTES
 #define WINO_BLOCK_BYTES (512 * 1024)
 #endif
@@ -190,22 +188,18 @@ static inline int64_t wino_plane(int64_t ch, int64_t ld)
 
 #define T float
 #define SFX f32
-#define BLAS_GEMM scipy_cblas_sgemm
 #define ACC double
 #include "conv_wino.inc"
 #include "conv.inc"
 #undef T
 #undef SFX
-#undef BLAS_GEMM
 #undef ACC
 
 #define T double
 #define SFX f64
-#define BLAS_GEMM scipy_cblas_dgemm
 #define ACC double
 #include "conv_wino.inc"
 #include "conv.inc"
 #undef T
 #undef SFX
-#undef BLAS_GEMM
 #undef ACC
