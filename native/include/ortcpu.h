@@ -430,8 +430,8 @@ int ortcpu_summary_frame_records(const uint8_t *data, const int64_t *lengths, in
 /* masked CRC-32C of n bytes into *crc (for readers and tests) */
 int ortcpu_summary_masked_crc32c(const uint8_t *data, int64_t n, uint32_t *crc);
 
-/* ---- BLAS (linked from scipy-openblas32): C = alpha*op(A)*op(B) + beta*C,
- * row-major; trans_a/trans_b are 0 or 1.                                   */
+/* ---- BLAS (OpenBLAS or MKL, see "GEMM backend"): C = alpha*op(A)*op(B) + beta*C,
+ * row-major, on the calling thread; trans_a/trans_b are 0 or 1.                  */
 int ortcpu_gemm_f32(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                     const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                     float *c, int64_t ldc);
@@ -442,7 +442,8 @@ int ortcpu_gemm_f64(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, d
 /* ---- convolution (spec §6.1), conv.c --------------------------------------
  * geom[23]: N, C, M, group, in[3], kernel[3], out[3], strides[3], pads_begin[3],
  * dilations[3] (1-D/2-D as 3-D with leading sizes 1), algorithm (0 auto, 1 im2col,
- * 2 Winograd F(2x2,3x3): 2-D 3x3, stride 1, dilation 1, group 1 only).
+ * 2 Winograd F(2x2,3x3), 3 F(4x4,3x3): 2-D 3x3, stride 1, dilation 1, group 1 only;
+ * 4 small-map im2col: 2-D, stride 1, dilation 1, pads >= 0, padded plane <= 1024).
  * x [N,C,in], w [M,C/group,kernel], b [M] or NULL, y [N,M,out]. Backward: any of dx,
  * dw, db may be NULL.                                                              */
 int ortcpu_conv_forward_f32(const float *x, const float *w, const float *b, float *y,
@@ -494,9 +495,27 @@ int ortcpu_global_pool_backward_f32(const float *dy, const float *x, float *dx,
 int ortcpu_global_pool_backward_f64(const double *dy, const double *x, double *dx,
                                     int64_t planes, int64_t size, int op, int nthreads);
 
+/* ---- GEMM backend, gemm_backend.c ---------------------------------------------
+ * Every GEMM of the library runs on OpenBLAS or on the MKL BLAS of torch's x86 wheel
+ * (libtorch_cpu.so: sgemm_, dgemm_, cblas_sgemm_pack/compute), see native/src/gemm.h.
+ * bind_mkl: look the MKL entry points up in an already-loaded library (no new load);
+ * fails, leaving OpenBLAS only, if it is not loaded or lacks them. mkl_available: bit 0
+ * plain GEMM, bit 1 packed float32 GEMM. set_backend: auto times both backends on the
+ * first GEMM of each shape class and keeps the faster. auto_choice: auto's decision for a
+ * class (ORTCPU_GEMM_OPENBLAS / _MKL; 0 not decided yet); auto_reset forgets them all. */
+enum { ORTCPU_GEMM_AUTO = 0, ORTCPU_GEMM_OPENBLAS = 1, ORTCPU_GEMM_MKL = 2 };
+int ortcpu_gemm_bind_mkl(const char *library_path);
+int ortcpu_gemm_mkl_available(void);
+int ortcpu_gemm_set_backend(int backend);
+int ortcpu_gemm_get_backend(void);
+int ortcpu_gemm_auto_choice(int is_f64, int packed, int trans_a, int trans_b, int64_t m,
+                            int64_t n, int64_t k, int threaded);
+void ortcpu_gemm_auto_reset(void);
+
 /* ---- MatMul / Gemm, gemm.c ----------------------------------------------------
- * Thread decision: OpenBLAS is pinned to 1 thread at load (ortcpu_blas_set_num_threads);
- * parallel GEMM = OpenMP threads each running single-threaded OpenBLAS on a slab.
+ * Threads: OpenBLAS is pinned to 1 thread at load (ortcpu_blas_set_num_threads); its
+ * parallel GEMM = OpenMP threads each running single-threaded OpenBLAS on a slab; MKL runs
+ * with nthreads on the same OpenMP pool.
  * gemm_mt: as ortcpu_gemm_* with nthreads. matmul: c[i] (m x n) = a[a_off[i]] (m x k)
  * . b[b_off[i]] (k x n), offsets in elements, checked against a_len / b_len.      */
 void ortcpu_blas_set_num_threads(int n);

@@ -8,9 +8,12 @@
  * The input projection of all steps is one GEMM ([S*B, I] x [I, gates]); each step
  * adds one recurrence GEMM ([B,H] x [H, gates]) and one fused pass over the gate
  * math. The backward collects the per-step pre-activation gradients dG [S,B,gates]
- * and finishes with whole-sequence GEMMs for dX, dW, dR and the bias sums.
+ * and finishes with whole-sequence GEMMs for dX, dW, dR and the bias sums. The LSTM's
+ * recurrent weights are packed once per call (gemm.h: MKL's packed GEMM where it is the
+ * faster backend for the step's shape) for the S per-step GEMMs of each direction.
  */
 #include "common.h"
+#include "gemm.h"
 
 #include <cblas.h>
 #undef I /* complex.h (pulled in by cblas.h) defines I; our sizes use it */
@@ -33,6 +36,13 @@ static int rnn_threads(int64_t rows, int64_t min_rows, int nthreads)
     if (k > rows / min_rows) k = rows / min_rows;
     if (k > 64) k = 64;
     return k < 1 ? 1 : (int)k;
+}
+
+/* rows of the largest batch slice rnn_run_slices gives a thread */
+static int64_t rnn_slice_rows(int64_t B, int nthreads)
+{
+    int k = rnn_threads(B, 4, nthreads);
+    return (B + k - 1) / k;
 }
 
 static int rnn_run_slices(int64_t B, int nthreads, rnn_slice_fn fn, void *ctx)

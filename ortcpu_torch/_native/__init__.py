@@ -50,6 +50,9 @@ from ._ortcpu import ffi, lib  # noqa: E402
 
 # One thread pool: OpenBLAS single-threaded, parallelism from our OpenMP threads (gemm.h).
 lib.ortcpu_blas_set_num_threads(1)
+from .blas import configure_from_environment  # noqa: E402
+
+configure_from_environment()  # MKL from torch's libtorch_cpu.so where it has one (blas.py)
 from .arena import empty, empty_cache, empty_like, memory_stats, set_cache_limit  # noqa: E402
 from .bridge import (  # noqa: E402
     KernelError,

@@ -29,7 +29,7 @@ from ._checks import (
 from ._registry import register
 from ._spatial import auto_pad_attr, int_list, pad3, resolve_pads, spatial_rank
 
-ALGOS = {"auto": 0, "im2col": 1, "winograd2": 2, "winograd4": 3}
+ALGOS = {"auto": 0, "im2col": 1, "winograd2": 2, "winograd4": 3, "small_map": 4}
 
 
 def conv_geometry(op: str, X: torch.Tensor, W: torch.Tensor, auto_pad="NOTSET",
@@ -38,7 +38,9 @@ def conv_geometry(op: str, X: torch.Tensor, W: torch.Tensor, auto_pad="NOTSET",
     """Validate Conv attributes against X [N,C,in...] and W [M,C/group,k...];
     returns (geom list for the native code, output shape). ``algo`` forces the lowering:
     "im2col" (any geometry), "winograd2" / "winograd4" (F(2x2,3x3) / F(4x4,3x3): 2-D 3x3
-    kernel, stride 1, dilation 1, group 1); "auto" lets the native code choose."""
+    kernel, stride 1, dilation 1, group 1), "small_map" (im2col through zero-padded
+    channel planes: 2-D, stride 1, dilation 1, pads >= 0, (out + kernel - 1) per side at
+    most 1024 elements); "auto" lets the native code choose."""
     if not isinstance(algo, str) or algo not in ALGOS:
         raise ValueError(f"{op}: algo must be one of {sorted(ALGOS)}, got {algo!r}")
     r = spatial_rank(op, "X", X)

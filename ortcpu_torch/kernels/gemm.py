@@ -1,11 +1,13 @@
-"""MatMul and Gemm (ONNX) on OpenBLAS, float32 and float64.
+"""MatMul and Gemm (ONNX) on OpenBLAS or torch's MKL (``ORTCPU_GEMM``, see
+``ortcpu_torch._native.blas``), float32 and float64.
 
 Thread decision for the library (measured, README "Threads"): OpenBLAS (a pthreads build
 in scipy-openblas32) is pinned to one thread when the extension loads; parallel work uses
 our OpenMP threads (torch's libgomp, ``get_num_threads()``), each running single-threaded
 OpenBLAS GEMMs: whole GEMMs per thread for batches (conv samples, MatMul batch dims), column
 or row slabs of one GEMM otherwise. OpenBLAS's own pool would otherwise spin next to
-OpenMP's on the same 2 cores.
+OpenMP's on the same 2 cores. MKL, where chosen, runs on that same OpenMP pool with the
+call's thread count (native/src/gemm.h).
 """
 
 from __future__ import annotations
