@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from ortcpu_torch._native import lib, loader
@@ -40,21 +41,32 @@ def _run(env_value: str | None) -> subprocess.CompletedProcess:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
+def test_ortcpu_isa_values():
+    assert loader.requested_cap({}) is None
+    assert loader.requested_cap({"ORTCPU_ISA": "auto"}) is None
+    assert loader.requested_cap({"ORTCPU_ISA": " AVX2 "}) == "avx2"
+    with pytest.raises(ValueError, match="ORTCPU_ISA must be one of baseline, avx2, avx512 "
+                                         "or auto, got 'sse9'"):
+        loader.requested_cap({"ORTCPU_ISA": "sse9"})
+
+
 def test_ortcpu_isa_caps_the_build_in_a_fresh_process():
     """Every level as a cap (one above the CPU's best stays at the best: a cap, not a
-    demand), ``auto``, and a bad value, which fails naming the variable."""
+    demand), and a bad value, which fails the import naming the variable. Two processes
+    at a time (each imports torch)."""
     cpu = LEVELS.index(loader.CPU_ISA)
-    cases = {v: _run(v) for v in (*LEVELS, "auto", "AVX2 ", "sse9")}
-    for value, proc in cases.items():
-        out, err = proc.communicate(timeout=120)
-        if value == "sse9":
-            assert proc.returncode != 0
-            assert "ORTCPU_ISA must be one of baseline, avx2, avx512 or auto" in err
-            continue
-        assert proc.returncode == 0, err
-        level = value.strip().lower()
-        want = loader.CPU_ISA if level == "auto" else LEVELS[min(cpu, LEVELS.index(level))]
-        assert out.split() == [want, want], (value, out)
+    values = [*LEVELS, "sse9"]
+    for pair in (values[:2], values[2:]):
+        procs = {v: _run(v) for v in pair}
+        for value, proc in procs.items():
+            out, err = proc.communicate(timeout=300)
+            if value == "sse9":
+                assert proc.returncode != 0
+                assert "ORTCPU_ISA must be one of baseline, avx2, avx512 or auto" in err
+                continue
+            assert proc.returncode == 0, err
+            want = LEVELS[min(cpu, LEVELS.index(value))]
+            assert out.split() == [want, want], (value, out)
 
 
 def test_every_build_this_cpu_runs_gives_the_same_results():
