@@ -306,7 +306,7 @@ class DataParallel(torch.nn.Module):
         if not self.find_unused_parameters:
             missing = [(self._names.get(id(p), "?"), int(cnt))
                        for b in self._buckets
-                       for p, cnt in zip(b.params, b.produced.tolist(), strict=True)
+                       for p, cnt in zip(b.params, b.produced.real.tolist(), strict=True)
                        if cnt < self._world]
             if missing:
                 self._reset_buckets()
