@@ -9,6 +9,9 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 
 /* ---- status ----------------------------------------------------------- */
@@ -195,12 +198,18 @@ void ortcpu_arena_empty_cache(void)
     }
     arena_cached = 0;
     pthread_mutex_unlock(&arena_lock);
+    int released = all != NULL;
     while (all) {
         block_t *next = all->next;
         ARENA_UNPOISON((char *)all + ARENA_HEADER, all->bytes);
         free(all);
         all = next;
     }
+#if defined(__GLIBC__)
+    /* glibc keeps freed heap chunks (its mmap threshold grows past our block sizes after
+     * the first frees) mapped: hand their pages back, so the cache really is emptied */
+    if (released) malloc_trim(0);
+#endif
 }
 
 void ortcpu_arena_set_limit(size_t max_cached_bytes)
