@@ -52,15 +52,20 @@ test: $(EXT_STAMP)
 SANITIZE_DIR ?= build/sanitize
 SANITIZE_TESTS ?= tests --ignore=tests/distributed --ignore=tests/test_soak.py \
                   --ignore=tests/test_wrap.py --ignore=tests/test_summary_writer.py
+# A report aborts the process (pytest's captured output would be lost): it goes to
+# $(SANITIZE_DIR)/report.<pid>, printed when the run fails.
+SANITIZE_LOG = $(abspath $(SANITIZE_DIR))/report
 SANITIZE_ENV = LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
-	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1:alloc_dealloc_mismatch=0 \
-	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 OMP_NUM_THREADS=2
+	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1:alloc_dealloc_mismatch=0:log_path=$(SANITIZE_LOG) \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:log_path=$(SANITIZE_LOG) OMP_NUM_THREADS=2
 
 test-sanitize: $(EXT_STAMP)
 	mkdir -p $(SANITIZE_DIR)
+	rm -f $(SANITIZE_LOG).*
 	$(BIN)/python ortcpu_torch/_native/build.py --sanitize $(SANITIZE_DIR) > $(SANITIZE_DIR).path
 	$(SANITIZE_ENV) ORTCPU_NATIVE_LIB=$$(cat $(SANITIZE_DIR).path) \
-	  $(BIN)/python -m pytest $(SANITIZE_TESTS) -p no:cacheprovider $(PYTEST_ARGS)
+	  $(BIN)/python -m pytest $(SANITIZE_TESTS) -p no:cacheprovider $(PYTEST_ARGS) \
+	  || { cat $(SANITIZE_LOG).* 2>/dev/null; exit 1; }
 
 # 2,000 wrapped training steps per example model: memory must stay flat (tests/test_soak.py)
 soak: $(EXT_STAMP)
