@@ -10,7 +10,7 @@ EXT_STAMP := $(VENV)/.ext-built
 NATIVE_SRC := $(wildcard native/include/*.h native/src/*.c native/src/*.h native/src/*.inc) \
               ortcpu_torch/_native/build.py setup.py
 
-.PHONY: all test demo bench bench-optim bench-summary bench-rnn bench-distributed build lint readme clean
+.PHONY: all test test-sanitize soak demo bench bench-optim bench-summary bench-rnn bench-distributed build lint readme clean
 
 all: test
 
@@ -33,8 +33,43 @@ build: $(DEPS_STAMP)
 	$(BIN)/pip install -q --no-build-isolation --no-deps -e .
 	touch $(EXT_STAMP)
 
+# The kernel tests run a second time on the build one ISA level below this CPU's best
+# (ORTCPU_ISA: an AVX-512 machine also tests the AVX2 code, an AVX2 one the baseline).
+KERNEL_TESTS ?= tests --ignore=tests/distributed --ignore=tests/test_soak.py
+
 test: $(EXT_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	@lower=$$($(BIN)/python -m ortcpu_torch._native --below-best); \
+	if [ -n "$$lower" ]; then \
+	  echo "== kernel tests again with ORTCPU_ISA=$$lower"; \
+	  ORTCPU_ISA=$$lower $(BIN)/python -m pytest $(KERNEL_TESTS) $(PYTEST_ARGS); \
+	else echo "== baseline-only CPU: no lower ISA to test"; fi
+
+# ASan + UBSan build of the native library in its own folder, loaded through
+# ORTCPU_NATIVE_LIB by the native-facing tests. Python itself is not instrumented, so
+# libasan must be preloaded; detect_leaks=0 because CPython and torch keep allocations
+# alive until exit (LeakSanitizer would report those, not our code).
+SANITIZE_DIR ?= build/sanitize
+SANITIZE_TESTS ?= tests --ignore=tests/distributed --ignore=tests/test_soak.py \
+                  --ignore=tests/test_wrap.py --ignore=tests/test_summary_writer.py
+# A report aborts the process (pytest's captured output would be lost): it goes to
+# $(SANITIZE_DIR)/report.<pid>, printed when the run fails.
+SANITIZE_LOG = $(abspath $(SANITIZE_DIR))/report
+SANITIZE_ENV = LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1:alloc_dealloc_mismatch=0:log_path=$(SANITIZE_LOG) \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:log_path=$(SANITIZE_LOG) OMP_NUM_THREADS=2
+
+test-sanitize: $(EXT_STAMP)
+	mkdir -p $(SANITIZE_DIR)
+	rm -f $(SANITIZE_LOG).*
+	$(BIN)/python ortcpu_torch/_native/build.py --sanitize $(SANITIZE_DIR) > $(SANITIZE_DIR).path
+	$(SANITIZE_ENV) ORTCPU_NATIVE_LIB=$$(cat $(SANITIZE_DIR).path) \
+	  $(BIN)/python -m pytest $(SANITIZE_TESTS) -p no:cacheprovider $(PYTEST_ARGS) \
+	  || { cat $(SANITIZE_LOG).* 2>/dev/null; exit 1; }
+
+# 2,000 wrapped training steps per example model: memory must stay flat (tests/test_soak.py)
+soak: $(EXT_STAMP)
+	$(BIN)/python -m pytest tests/test_soak.py --soak -s $(PYTEST_ARGS)
 
 demo: $(EXT_STAMP)
 	$(BIN)/python examples/main_job.py

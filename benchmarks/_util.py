@@ -4,7 +4,6 @@ several fresh processes."""
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import os
@@ -19,7 +18,7 @@ import time
 import torch
 
 import ortcpu_torch
-from ortcpu_torch._native import lib, ptr
+from ortcpu_torch._native import lib, loader, ptr
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -76,17 +75,42 @@ def copy_bandwidth(nthreads: int, reps: int = 15, copier: Copier | None = None) 
     return statistics.median(samples)
 
 
-def machine_info() -> dict:
-    """Enough context to interpret (and not over-interpret) the numbers."""
-    cpu = platform.processor()
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else platform.processor()."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return platform.processor()
+
+
+_ISA_NAMES = {"baseline": "baseline x86-64", "avx2": "AVX2", "avx512": "AVX-512"}
+
+
+def isa_info() -> dict:
+    """Which build of the kernels ran (the ISA they dispatched to), what the CPU has, the
+    ORTCPU_ISA cap, and the CPU model: two results are comparable only if these match."""
+    return {"cpu": cpu_model(), "kernel_isa": loader.ISA, "cpu_isa": loader.CPU_ISA,
+            "isa_cap": loader.CAP or "none"}
+
+
+def isa_line(info: dict | None = None) -> str:
+    """One markdown line for a results file: the CPU model and the ISA our kernels ran
+    (``info``: a result's ``isa_info()`` / ``machine_info()``; default: this process)."""
+    i = info or isa_info()
+    def name(k):
+        return _ISA_NAMES.get(i.get(k), "?")
+    cap = i.get("isa_cap", "none")
+    capped = f", capped by ORTCPU_ISA={cap}" if cap != "none" else ""
+    return (f"CPU: {i.get('cpu', '?')} ({name('cpu_isa')}); our kernels ran their "
+            f"{name('kernel_isa')} build{capped}.")
+
+
+def machine_info() -> dict:
+    """Enough context to interpret (and not over-interpret) the numbers."""
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -96,14 +120,12 @@ def machine_info() -> dict:
         commit = ""
     ext = ""
     try:
-        native_dir = os.path.join(os.path.dirname(ortcpu_torch.__file__), "_native")
-        so = glob.glob(os.path.join(native_dir, "_ortcpu*.so"))
-        with open(so[0], "rb") as f:
+        with open(loader.PATH, "rb") as f:  # the build that ran
             ext = hashlib.sha256(f.read()).hexdigest()[:12]
-    except (OSError, IndexError):
+    except OSError:
         pass
     return {
-        "cpu": cpu,
+        **isa_info(),
         "cpus": os.cpu_count(),
         "torch": torch.__version__,
         "ortcpu_torch": ortcpu_torch.__version__,

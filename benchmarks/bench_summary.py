@@ -123,14 +123,19 @@ def run(quick: bool = False) -> dict:
         rows.append({"case": name, "ours_ms": o * 1e3, "torch_ms": t * 1e3, "ratio": t / o,
                      "target": TARGETS.get(name), "ours_samples_ms": [v * 1e3 for v in s["ours"]],
                      "torch_samples_ms": [v * 1e3 for v in s["torch"]]})
-    return {"threads": torch.get_num_threads(), "rounds": rounds,
+    from ._util import isa_info
+
+    return {"machine": isa_info(), "threads": torch.get_num_threads(), "rounds": rounds,
             "loadavg_before": load0, "loadavg_after": os.getloadavg(),
             "cpu_share_of_this_process": (time.process_time() - cpu0) / wall / os.cpu_count(),
             "rows": rows}
 
 
 def to_markdown(res: dict) -> str:
-    lines = ["| case | torch ms | ours ms | torch ÷ ours | target |", "|---|---:|---:|---:|---:|"]
+    from ._util import isa_line
+
+    lines = [isa_line(res.get("machine")), "",
+             "| case | torch ms | ours ms | torch ÷ ours | target |", "|---|---:|---:|---:|---:|"]
     for r in res["rows"]:
         tgt = f"≥ {r['target']:.1f}×" if r["target"] else "—"
         lines.append(f"| {r['case']} | {r['torch_ms']:.1f} | {r['ours_ms']:.1f} | "

@@ -26,7 +26,7 @@ import ortcpu_torch
 from ortcpu_torch import ops
 from ortcpu_torch._native import lib
 
-from ._util import ForeignLoad, timed
+from ._util import ForeignLoad, isa_line, timed
 
 TARGETS = {"conv2d N32 C64->64 28x28 k3": 1.0, "conv2d N64 C3->32 32x32 k3": 1.0,
            "max_pool2d 2x2 32x64x56x56": 3.0, "avg_pool2d 2x2 32x64x56x56": 2.0}
@@ -113,6 +113,7 @@ def write_markdown(rows, threads: int, reps: int, cpu_time: bool, foreign: float
         f"median of {reps} alternating calls; torch {torch.__version__}, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; other processes used "
         f"{foreign:.0%} of the machine's CPU time.",
+        isa_line(),
         "",
         "| case | torch ms | ours ms | torch ÷ ours | target |",
         "|---|--:|--:|--:|--:|",

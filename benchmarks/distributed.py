@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from ._util import ForeignLoad
+from ._util import ForeignLoad, isa_info, isa_line
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -112,13 +112,13 @@ def main() -> None:
             row[f"2rank_{label}_scaling_eff"] = round(s / (2 * s1), 3)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    result = {"allreduce": ar, "global_batch": 64, "blocks": blocks, "steps_per_block":
-              args.steps, "ddp": rows, "load": load.report(),
+    result = {"machine": isa_info(), "allreduce": ar, "global_batch": 64, "blocks": blocks,
+              "steps_per_block": args.steps, "ddp": rows, "load": load.report(),
               "when": time.strftime("%Y-%m-%d %H:%M:%S")}
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = "distributed_partial" if (args.quick or args.case) else "distributed"
     (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
-    md = ["# Distributed benchmarks", "",
+    md = ["# Distributed benchmarks", "", isa_line(result["machine"]), "",
           f"`python -m benchmarks.distributed{' --quick' if args.quick else ''}` — "
           f"{result['when']}; other processes used {result['load']['foreign_share']:.0%} of "
           "the machine's CPU time during the run (shared 2-core machine: treat the "

@@ -178,14 +178,14 @@ def _write(a, reps: int, out: list[dict]) -> None:
     os.makedirs(RESULTS, exist_ok=True)
     meta = {"torch": torch.__version__, "threads": a.threads, "reps": reps,
             "processes": a.procs, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            "quick": a.quick}
+            "quick": a.quick, **_util.isa_info()}
     with open(os.path.join(RESULTS, stem + ".json"), "w") as f:
         json.dump({"meta": meta, "rows": out}, f, indent=1)
     with open(os.path.join(RESULTS, stem + ".md"), "w") as f:
         f.write(f"float32, forward + backward; {a.threads} thread(s), {meta['reps']} "
                 f"alternating steps per side in each of {a.procs} fresh process(es); "
                 "per case the median over the processes (ratio: its range in brackets); "
-                f"torch {torch.__version__}, {meta['date']}.\n\n")
+                f"torch {torch.__version__}, {meta['date']}.\n{_util.isa_line(meta)}\n\n")
         f.write("| case | ours ms | torch ms | torch ÷ ours | target | fastest steps' "
                 "ratio | faults/step ours, torch | floor ms | load | foreign |\n"
                 "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")

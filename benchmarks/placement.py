@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 
+from ._util import isa_line
+
 _CHILD = """
 import statistics, sys, time, torch
 torch.set_num_threads(2)
@@ -42,6 +44,7 @@ def main(argv=None) -> list[tuple[int, float]]:
     ap.add_argument("--runs", type=int, default=8)
     ap.add_argument("--cols", type=int, default=768)
     a = ap.parse_args(argv)
+    print(isa_line())
     sizes = [0, 256, 1024, 2048, 4096]
     out = []
     for i in range(a.runs):

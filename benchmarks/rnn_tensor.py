@@ -28,7 +28,7 @@ import torch
 import ortcpu_torch
 from ortcpu_torch import nn as onn
 
-from ._util import ForeignLoad
+from ._util import ForeignLoad, isa_info, isa_line
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 TARGETS = {"lstm_x": 1.0, "lstm_xgrad": 1.0, "gru_x": 1.0, "gru_xgrad": 1.0,
@@ -127,8 +127,10 @@ def main(argv=None) -> None:
     # a quick or filtered run must not replace the full table the README shows
     stem = "rnn_tensor_partial" if a.quick or a.filters else "rnn_tensor"
     with open(os.path.join(RESULTS, stem + ".json"), "w") as f:
-        json.dump({"load_avg": os.getloadavg(), "rows": rows}, f, indent=1)
+        json.dump({"machine": isa_info(), "load_avg": os.getloadavg(), "rows": rows}, f,
+                  indent=1)
     with open(os.path.join(RESULTS, stem + ".md"), "w") as f:
+        f.write(isa_line() + "\n\n")
         f.write("| case | threads | torch ms | ours ms | torch ÷ ours | target | other CPU |\n")
         f.write("|---|---:|---:|---:|---:|---:|---:|\n")
         for r in rows:

@@ -34,6 +34,24 @@ settings.load_profile("ortcpu")
 DTYPES = (torch.float32, torch.float64)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--soak", action="store_true",
+                     help="run the soak tests (tests/test_soak.py; make soak)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "soak: long memory-stability runs (make soak)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--soak"):
+        return
+    skip = pytest.mark.skip(reason="soak test: run with --soak (make soak)")
+    for item in items:
+        if "soak" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def _seed_everything(request):
     """Seed torch, numpy and random from the test's node id."""

@@ -239,3 +239,26 @@ def test_streaming_stores_same_bits(dtype, shape):
     streamed, cached = both_store_kinds(run)
     for s, c_ in zip(streamed, cached, strict=True):
         assert torch.equal(s, c_)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("c", [1, 3, 5])
+def test_odd_channel_counts(dtype, c):
+    """Regression (found by ``make test-sanitize``): the per-channel double sums were
+    placed after 3·c elements of T in one scratch block, misaligned for odd c in
+    float32 (undefined behaviour; UBSan aborts there). Training forward and backward
+    against torch autograd in float64."""
+    x = torch.randn(4, c, 7, dtype=dtype)
+    w, b = torch.rand(c, dtype=dtype) + 0.5, torch.randn(c, dtype=dtype)
+    params = [t.clone().double().requires_grad_() for t in (x, w, b)]
+    ref = F.batch_norm(params[0], None, None, params[1], params[2], training=True)
+    dy = torch.randn_like(x)
+    ref.backward(dy.double())
+    xs = x.clone().requires_grad_()
+    ws, bs = w.clone().requires_grad_(), b.clone().requires_grad_()
+    y = ot.ops.batch_norm(xs, None, None, ws, bs, training=True)
+    y.backward(dy)
+    t = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-10)
+    assert_close(y, ref.detach(), **t)
+    for ours, r in ((xs, params[0]), (ws, params[1]), (bs, params[2])):
+        assert_close(ours.grad, r.grad, **t)

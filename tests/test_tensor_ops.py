@@ -112,15 +112,35 @@ def test_embedding_repeats_accumulate_exactly():
 
 def test_embedding_gradcheck():
     w = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
-    idx = torch.tensor([[0, 5, 5], [3, -1, 2]])
+    idx = torch.tensor([[0, 5, 5], [3, 1, 2]])
     assert torch.autograd.gradcheck(lambda w: ops.embedding(idx, w), [w])
     # (padding_idx is deliberately not a true gradient -- the row is read but gets none --
     # so it is checked against torch above, not by gradcheck)
 
 
+@pytest.mark.parametrize("bad", [5, -1, -5, -6])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_embedding_index_out_of_range_is_index_error_like_torch(bad, dtype):
+    """Negative indices do not wrap in torch's embedding: IndexError, as torch raises;
+    the weight is untouched. (The registry's Gather keeps ONNX's wrapping.)"""
+    w = torch.randn(5, 3, requires_grad=True)
+    idx = torch.tensor([[0, 1], [bad, 2]], dtype=dtype)
+    with pytest.raises(IndexError):
+        torch.nn.functional.embedding(idx, w)
+    before = w.detach().clone()
+    with pytest.raises(IndexError, match=rf"index {bad} at position \(1, 0\).*"
+                                         r"num_embeddings 5"):
+        ops.embedding(idx, w)
+    with pytest.raises(IndexError, match=f"index {bad}"):
+        onn.Embedding.from_pretrained(w.detach())(idx)
+    assert torch.equal(w.detach(), before) and w.grad is None
+    if bad < 0 and bad >= -5:  # the ONNX registry op still wraps it
+        assert torch.equal(K.Gather(w.detach(), idx), w.detach()[idx % 5])
+
+
 def test_embedding_errors():
     oe = onn.Embedding(5, 3)
-    with pytest.raises(ValueError, match="index 5 at position"):
+    with pytest.raises(IndexError, match="index 5 at position"):
         oe(torch.tensor([0, 5]))
     with pytest.raises(ValueError, match="max_norm"):
         onn.Embedding(5, 3, max_norm=1.0)

@@ -26,6 +26,13 @@ enum {
 const char *ortcpu_status_name(int status);
 const char *ortcpu_last_error(void);
 
+/* ---- ISA level of this build ----------------------------------------------
+ * The library is built once per x86-64 level and the loader picks one (ORTCPU_ISA caps
+ * it): 0 = baseline x86-64 (SSE2), 1 = x86-64-v3 (AVX2 + FMA), 2 = x86-64-v4 (AVX-512).
+ * ortcpu_cpu_isa_level: the highest level this CPU (and OS) supports. */
+int ortcpu_isa_level(void);
+int ortcpu_cpu_isa_level(void);
+
 /* ---- arena: caching allocator of already-touched blocks ------------------ */
 void *ortcpu_arena_alloc(size_t nbytes);
 void ortcpu_arena_free(void *ptr);

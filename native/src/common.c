@@ -9,6 +9,9 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 
 /* ---- status ----------------------------------------------------------- */
@@ -25,6 +28,18 @@ int ort_fail(int status, const char *fmt, ...)
 }
 
 const char *ortcpu_last_error(void) { return last_error; }
+
+int ortcpu_isa_level(void) { return ORT_ISA_LEVEL; }
+
+int ortcpu_cpu_isa_level(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("x86-64-v4")) return 2;
+    if (__builtin_cpu_supports("x86-64-v3")) return 1;
+#endif
+    return 0;
+}
 
 const char *ortcpu_status_name(int status)
 {
@@ -73,6 +88,18 @@ void ort_parallel_for(int64_t n, int64_t grain, int nthreads, ort_range_fn fn, v
 
 #define ARENA_HEADER 64
 #define ARENA_BINS 256
+
+/* Under AddressSanitizer (make test-sanitize) a block's class padding beyond the bytes
+ * asked for, and a whole cached block, are poisoned: an overrun or a use after free
+ * inside the arena is reported as if each tensor had its own malloc. */
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define ARENA_POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define ARENA_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define ARENA_POISON(p, n) ((void)(p), (void)(n))
+#define ARENA_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
 
 typedef struct block {
     size_t bytes;          /* class size, excluding the header */
@@ -130,7 +157,10 @@ void *ortcpu_arena_alloc(size_t nbytes)
         if (arena_in_use > arena_peak) arena_peak = arena_in_use;
         pthread_mutex_unlock(&arena_lock);
     }
-    return (char *)blk + ARENA_HEADER;
+    char *user = (char *)blk + ARENA_HEADER;
+    ARENA_UNPOISON(user, nbytes);
+    ARENA_POISON(user + nbytes, bytes - nbytes);
+    return user;
 }
 
 void ortcpu_arena_free(void *ptr)
@@ -142,12 +172,16 @@ void ortcpu_arena_free(void *ptr)
     arena_in_use -= blk->bytes;
     keep = arena_cached + blk->bytes <= arena_limit;
     if (keep) {
+        ARENA_POISON(ptr, blk->bytes);
         blk->next = arena_free[blk->bin];
         arena_free[blk->bin] = blk;
         arena_cached += blk->bytes;
     }
     pthread_mutex_unlock(&arena_lock);
-    if (!keep) free(blk);
+    if (!keep) {
+        ARENA_UNPOISON(ptr, blk->bytes);
+        free(blk);
+    }
 }
 
 void ortcpu_arena_empty_cache(void)
@@ -164,11 +198,18 @@ void ortcpu_arena_empty_cache(void)
     }
     arena_cached = 0;
     pthread_mutex_unlock(&arena_lock);
+    int released = all != NULL;
     while (all) {
         block_t *next = all->next;
+        ARENA_UNPOISON((char *)all + ARENA_HEADER, all->bytes);
         free(all);
         all = next;
     }
+#if defined(__GLIBC__)
+    /* glibc keeps freed heap chunks (its mmap threshold grows past our block sizes after
+     * the first frees) mapped: hand their pages back, so the cache really is emptied */
+    if (released) malloc_trim(0);
+#endif
 }
 
 void ortcpu_arena_set_limit(size_t max_cached_bytes)
@@ -241,26 +282,29 @@ typedef void (*stream_lines_fn)(char *dst, const char *src, size_t lines);
 #include <immintrin.h>
 #define ORT_STREAM_X86 1
 
-__attribute__((target("avx512f"))) static void stream_lines_avx512(char *dst, const char *src,
-                                                                   size_t lines)
+/* the widest store of this build's ISA level (the loader picked the build) */
+#if ORT_ISA_LEVEL >= 2
+__attribute__((target("avx512f"))) static void stream_lines_x86(char *dst, const char *src,
+                                                                size_t lines)
 {
     for (size_t k = 0; k < lines; k++)
         _mm512_stream_si512((__m512i *)(dst + 64 * k), _mm512_loadu_si512(src + 64 * k));
 }
-
-__attribute__((target("avx"))) static void stream_lines_avx(char *dst, const char *src,
+#elif ORT_ISA_LEVEL == 1
+__attribute__((target("avx"))) static void stream_lines_x86(char *dst, const char *src,
                                                             size_t lines)
 {
     for (size_t k = 0; k < 2 * lines; k++)
         _mm256_stream_si256((__m256i *)(dst + 32 * k),
                             _mm256_loadu_si256((const __m256i *)(src + 32 * k)));
 }
-
-static void stream_lines_sse2(char *dst, const char *src, size_t lines)
+#else
+static void stream_lines_x86(char *dst, const char *src, size_t lines)
 {
     for (size_t k = 0; k < 4 * lines; k++)
         _mm_stream_si128((__m128i *)(dst + 16 * k), _mm_loadu_si128((const __m128i *)(src + 16 * k)));
 }
+#endif
 #endif
 
 static pthread_once_t stream_once = PTHREAD_ONCE_INIT;
@@ -271,10 +315,7 @@ static void stream_init(void)
 {
     stream_threshold = stream_default_threshold();
 #ifdef ORT_STREAM_X86
-    __builtin_cpu_init();
-    stream_lines = __builtin_cpu_supports("avx512f") ? stream_lines_avx512
-                   : __builtin_cpu_supports("avx")   ? stream_lines_avx
-                                                     : stream_lines_sse2;
+    stream_lines = stream_lines_x86;
 #else
     stream_lines = NULL;
 #endif

@@ -26,11 +26,22 @@ void ort_scratch_free(void *p);
 #define ORT_CAT(a, b) ORT_CAT_(a, b)
 #define FN(name) ORT_CAT(name, ORT_CAT(_, SFX))
 
-/* Hot loops are compiled three times, for x86-64-v4 (AVX-512), x86-64-v3
- * (AVX2+FMA) and baseline, and picked at load time: wide SIMD without
- * -march=native. (On this AMD EPYC the AVX-512 clone nearly halves GELU.) */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define ORT_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+/* ISA dispatch: the library is compiled once per x86-64 level (build.py passes
+ * ORT_ISA_LEVEL: 0 baseline, 1 x86-64-v3 = AVX2+FMA, 2 x86-64-v4 = AVX-512) and
+ * ortcpu_torch._native.loader imports the best build the CPU runs, capped by ORTCPU_ISA.
+ * ORT_SIMD_CLONES (on the static inner loop function, not on the OpenMP entry) compiles
+ * a hot loop for the build's level; everything else stays baseline code, so results
+ * outside the hot loops do not depend on the build. (GCC's target_clones picked the
+ * level in ifunc resolvers that run while the library is relocated: no way to cap it.)
+ * Code with its own SIMD paths tests ORT_ISA_LEVEL at compile time, never
+ * __builtin_cpu_supports, which would bypass the cap. */
+#ifndef ORT_ISA_LEVEL
+#define ORT_ISA_LEVEL 0
+#endif
+#if defined(__x86_64__) && defined(__GNUC__) && ORT_ISA_LEVEL >= 2
+#define ORT_SIMD_CLONES __attribute__((target("arch=x86-64-v4")))
+#elif defined(__x86_64__) && defined(__GNUC__) && ORT_ISA_LEVEL == 1
+#define ORT_SIMD_CLONES __attribute__((target("arch=x86-64-v3")))
 #else
 #define ORT_SIMD_CLONES
 #endif
@@ -45,11 +56,20 @@ static inline float ort_bits_to_f32(int32_t i)
     return u.f;
 }
 
+/* The integer nearest v (ties to even) for |v| < 2^22, as a float: adding and removing
+ * 1.5 * 2^23 rounds in the float unit, so loops stay vectorized in the baseline (SSE2)
+ * build too, where floorf/rintf are libm calls (about 40x slower GELU). */
+static inline float ort_round_small_f32(float v)
+{
+    const float magic = 12582912.0f;
+    return (v + magic) - magic;
+}
+
 /* Range reduction x = n ln2 + r, |r| <= ln2/2, and e^r by Taylor to degree 7
  * (truncation < 6e-9 relative); n is returned as a float. */
 static inline float ort_exp_reduced_f32(float x, float *n_out)
 {
-    float n = floorf(x * 1.44269504088896341f + 0.5f);
+    float n = ort_round_small_f32(x * 1.44269504088896341f);
     float r = x - n * 0.693145751953125f;      /* ln2 split in two parts */
     r = r - n * 1.428606765330187045e-06f;
     float p = 1.0f / 5040.0f;

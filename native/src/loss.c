@@ -9,7 +9,7 @@
 static inline float sce_exp_f32(float x)
 {
     float xc = x < -87.3f ? -87.3f : (x > 88.0f ? 88.0f : x);
-    float n = floorf(xc * 1.44269504088896341f + 0.5f);
+    float n = ort_round_small_f32(xc * 1.44269504088896341f);
     float r = xc - n * 0.693145751953125f;
     r = r - n * 1.428606765330187045e-06f;
     /* degree-5 polynomial fitted (relative error) to e^r on |r| <= ln2/2 for this

@@ -46,7 +46,7 @@ def _load_openblas() -> None:
 
 _load_openblas()
 
-from ._ortcpu import ffi, lib  # noqa: E402
+from .loader import ffi, lib  # noqa: E402  (the build for this CPU, ORTCPU_ISA)
 
 # One thread pool: OpenBLAS single-threaded, parallelism from our OpenMP threads (gemm.h).
 lib.ortcpu_blas_set_num_threads(1)

@@ -15,7 +15,7 @@ import math
 import numpy as np
 import torch
 
-from ._ortcpu import ffi, lib
+from .loader import ffi, lib
 
 #: tensors at least this large come from the arena
 ARENA_MIN_BYTES = 1 << 18

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ._ortcpu import ffi, lib
+from .loader import ffi, lib
 
 
 class KernelError(RuntimeError):

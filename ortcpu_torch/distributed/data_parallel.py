@@ -10,6 +10,14 @@ MPI's progress engine while backward continues (or, with ``overlap="thread"``, a
 communication thread runs it). When ``backward()`` returns, every
 ``.grad`` holds the gradient averaged over ranks, as with ``torch.nn.parallel.
 DistributedDataParallel``. float16/bfloat16 gradients are reduced in float32.
+
+Every parameter that requires a gradient must get one in every backward on every rank,
+unless ``find_unused_parameters=True`` (as in torch's DDP): then a rank without one
+contributes zeros (or its existing ``.grad``, e.g. from ``no_sync`` accumulation). Each
+bucket carries per-parameter flags through the same allreduce, so a missing gradient is
+a ``RuntimeError`` on every rank at the end of that backward, never a hang: the wrapped
+model's outputs get a gradient hook, so even a rank whose backward reaches no parameter
+at all still takes part in the reduction.
 """
 
 from __future__ import annotations
@@ -27,9 +35,10 @@ __all__ = ["DataParallel"]
 
 
 class _Bucket:
-    """Flat gradients of ``params`` followed by one "has a gradient" flag per parameter:
-    the same allreduce sums the flags, so a parameter no rank produced a gradient for
-    keeps ``.grad = None`` without an extra collective."""
+    """Flat gradients of ``params`` followed by two flags per parameter, summed by the
+    same allreduce: ``used`` (this rank contributes a gradient: a parameter no rank has
+    one for keeps ``.grad = None``) and ``produced`` (this backward produced it here: the
+    ranks that did not are found without an extra collective)."""
 
     def __init__(self, params, dtype):
         self.params = params
@@ -38,9 +47,11 @@ class _Bucket:
         for p in params:
             self.offsets.append(n)
             n += p.numel()
-        self.flat = torch.zeros(n + len(params), dtype=dtype)
+        k = len(params)
+        self.flat = torch.zeros(n + 2 * k, dtype=dtype)
         self.grads = self.flat[:n]
-        self.used = self.flat[n:]
+        self.used = self.flat[n : n + k]
+        self.produced = self.flat[n + k :]
         self.arr = self.flat.numpy()
         self.ready = 0
         self.filled = [False] * len(params)
@@ -69,13 +80,19 @@ class DataParallel(torch.nn.Module):
             produced all gradients.
         broadcast_buffers: also copy rank 0's buffers (e.g. BatchNorm running stats)
             at construction.
+        find_unused_parameters: allow a backward to produce no gradient for some
+            parameters on some ranks (unused layers, a branch taken on one rank only):
+            such a rank contributes zeros (or its existing ``.grad``), and a parameter no
+            rank has a gradient for keeps ``.grad = None``. False (the default, as in
+            torch's DDP): a missing gradient is a RuntimeError on every rank, naming the
+            parameters.
 
     With one process it is a transparent wrapper (no hooks, no communication).
     ``state_dict`` keys carry a ``module.`` prefix, as torch's DDP does.
     """
 
     def __init__(self, module: torch.nn.Module, bucket_mb: float = 25, overlap: bool = True,
-                 broadcast_buffers: bool = True):
+                 broadcast_buffers: bool = True, find_unused_parameters: bool = False):
         super().__init__()
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"DataParallel: module must be a torch.nn.Module, got "
@@ -84,8 +101,12 @@ class DataParallel(torch.nn.Module):
                 or not bucket_mb > 0:
             raise ValueError(
                 f"DataParallel: bucket_mb must be a positive number, got {bucket_mb!r}")
+        if not isinstance(find_unused_parameters, bool):
+            raise TypeError(f"DataParallel: find_unused_parameters must be a bool, got "
+                            f"{find_unused_parameters!r}")
         self.module = module
         self.bucket_mb = bucket_mb
+        self.find_unused_parameters = find_unused_parameters
         if overlap is True:
             overlap = "poll"
         if overlap not in (False, "thread", "poll"):
@@ -166,6 +187,10 @@ class DataParallel(torch.nn.Module):
             current[bdt].append(p)
             sizes[bdt] += nbytes
         order.extend(current.items())
+        names = {}
+        for name, p in self.module.named_parameters():
+            names.setdefault(id(p), name)
+        self._names = names
         self._where = {}
         for bi, (bdt, ps) in enumerate(order):
             b = _Bucket(ps, bdt)
@@ -175,20 +200,31 @@ class DataParallel(torch.nn.Module):
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
 
     # -- backward ----------------------------------------------------------------------
+    def _queue_finish(self):
+        """Reduce at the end of the running backward (once per backward)."""
+        if not self._queued:
+            self._queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+
+    def _output_hook(self, grad):
+        # the backward reached the model's output: this rank takes part in the reduction
+        # even if no parameter gets a gradient here
+        if self._sync:
+            self._queue_finish()
+
     def _make_hook(self, p):
         key = id(p)
 
         def hook(param):
             if not self._sync:
                 return
-            if not self._queued:
-                self._queued = True
-                torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+            self._queue_finish()
             bi, i = self._where[key]
             b = self._buckets[bi]
             if not b.filled[i]:
                 b.slot(i).copy_(param.grad)
                 b.used[i] = 1
+                b.produced[i] = 1
                 b.filled[i] = True
                 b.ready += 1
             if self.overlap:
@@ -239,7 +275,8 @@ class DataParallel(torch.nn.Module):
         MPI = _mpi.mpi(required=True)
         self._queued = False
         # a parameter that got no gradient in this backward contributes its current .grad
-        # (identical on every rank: reduced before) or, without one, zeros and flag 0
+        # (accumulated under no_sync, or reduced before) or, without one, zeros and flag 0;
+        # its "produced" flag stays 0, so a missing gradient is seen on every rank below
         for b in self._buckets:
             for i, p in enumerate(b.params):
                 if not b.filled[i]:
@@ -249,6 +286,7 @@ class DataParallel(torch.nn.Module):
                     else:
                         b.slot(i).copy_(p.grad)
                         b.used[i] = 1
+                    b.produced[i] = 0
                     b.filled[i] = True
                     b.ready += 1
         t0 = time.perf_counter()
@@ -265,6 +303,21 @@ class DataParallel(torch.nn.Module):
                 MPI.Request.Waitall(reqs)
         self.stats["wait_s"] += time.perf_counter() - t0
         self.stats["backward_calls"] += 1
+        if not self.find_unused_parameters:
+            missing = [(self._names.get(id(p), "?"), int(cnt))
+                       for b in self._buckets
+                       for p, cnt in zip(b.params, b.produced.real.tolist(), strict=True)
+                       if cnt < self._world]
+            if missing:
+                self._reset_buckets()
+                shown = ", ".join(f"{n!r} ({c} of {self._world} ranks)" for n, c in missing[:8])
+                more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+                raise RuntimeError(
+                    f"DataParallel: this backward produced no gradient for some parameters "
+                    f"on some ranks; gradient on: {shown}{more}. Every parameter that "
+                    f"requires grad must get one on every rank, or pass "
+                    f"find_unused_parameters=True (as torch's DistributedDataParallel); "
+                    f"the gradients were not averaged")
         for b in self._buckets:
             b.grads.div_(self._world)
             used = b.used.tolist()
@@ -276,12 +329,21 @@ class DataParallel(torch.nn.Module):
                     p.grad = avg.to(p.dtype).clone()
                 else:
                     p.grad.copy_(avg)
+        self._reset_buckets()
+
+    def _reset_buckets(self):
+        for b in self._buckets:
             b.ready, b.filled, b.request, b.error = 0, [False] * len(b.params), None, None
         self._next = 0
 
     # -- module API --------------------------------------------------------------------
     def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
+        out = self.module(*args, **kwargs)
+        if self._world > 1 and self._sync and torch.is_grad_enabled():
+            for t in _tensors(out):
+                if t.requires_grad:
+                    t.register_hook(self._output_hook)
+        return out
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -306,3 +368,15 @@ class DataParallel(torch.nn.Module):
     @property
     def world_size(self) -> int:
         return self._world
+
+
+def _tensors(obj):
+    """The tensors in a module's output (nested tuples, lists and dicts)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (tuple, list)):
+        for v in obj:
+            yield from _tensors(v)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v)

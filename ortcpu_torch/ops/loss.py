@@ -6,8 +6,10 @@ are written or read. When the loss is a scalar (mean/sum) and the input needs a 
 forward also writes d(loss)/d(input) for dy = 1 in the same pass over the logits (each row's
 exponentials are kept in the gradient buffer and rescaled once the row's sum is known), and
 the backward only scales it by dy: one pass over the logits per training step instead of
-two. A second backward through the same graph (retain_graph) or a non-finite dy rebuilds the
-probabilities from the saved logits and lse, as the "none" reduction always does.
+two. A second backward through the same graph (retain_graph) reruns that same fused pass on
+the saved logits, so every backward returns bit-identical gradients (the backward is
+reentrant: gradcheck's ``nondet_tol=0`` holds). A non-finite dy rebuilds the probabilities
+from the saved logits and lse, as the "none" reduction always does.
 """
 
 from __future__ import annotations
@@ -18,6 +20,18 @@ import torch
 
 from ..kernels import loss as K
 from .activations import once_differentiable
+
+
+def _fused_pass(x, target, dense, weight, ignore_index: int, smoothing: float,
+                reduction: str) -> dict:
+    """Loss and d(loss)/d(x) for dy = 1 in one pass (``sce_forward_grad``); the forward
+    and a repeated backward both call it, so their gradients are bit-identical."""
+    if dense is not None:
+        return K.sce_forward_grad("cross_entropy", x, None, dense=dense,
+                                  mean=reduction == "mean")
+    return K.sce_forward_grad("cross_entropy", x, target, weight=weight,
+                              ignore_index=ignore_index, smoothing=smoothing,
+                              mean=reduction == "mean")
 
 
 class _CrossEntropy(torch.autograd.Function):
@@ -41,7 +55,7 @@ class _CrossEntropy(torch.autograd.Function):
                     weight.view((-1,) + (1,) * (x.dim() - 2)) if weight is not None else 1.0)
             lab = lab.contiguous()
             if fused:
-                r = K.sce_forward_grad(op, x, None, dense=lab, mean=reduction == "mean")
+                r = _fused_pass(x, None, lab, None, ignore_index, smoothing, reduction)
                 ctx.dx = r["dx"]
             else:
                 r = K.sce_forward(op, x, None, dense=lab, want_loss=reduction == "none",
@@ -51,8 +65,7 @@ class _CrossEntropy(torch.autograd.Function):
             ctx.save_for_backward(x, lab, r["lse"])
         else:
             if fused:
-                r = K.sce_forward_grad(op, x, target, weight=weight, ignore_index=ignore_index,
-                                       smoothing=smoothing, mean=reduction == "mean")
+                r = _fused_pass(x, target, None, weight, ignore_index, smoothing, reduction)
                 ctx.dx = r["dx"]
             else:
                 r = K.sce_forward(op, x, target, weight=weight, ignore_index=ignore_index,
@@ -61,7 +74,7 @@ class _CrossEntropy(torch.autograd.Function):
             wsum = r["wsum"]
             ctx.save_for_backward(x, target, r["lse"], weight)
         ctx.dense, ctx.wsum, ctx.reduction, ctx.smoothing = dense, wsum, reduction, smoothing
-        ctx.ignore_index = ignore_index
+        ctx.ignore_index, ctx.fused = ignore_index, fused
         if reduction == "none":
             out = r["loss"]
             return out.view(out.shape[1:]) if unbatched else out
@@ -75,11 +88,19 @@ class _CrossEntropy(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy):
         op = "cross_entropy"
-        if ctx.dx is not None:
+        if ctx.fused and math.isfinite(gv := float(dy)):
             dx, ctx.dx = ctx.dx, None
-            gv = float(dy)
-            if math.isfinite(gv):
-                return (dx if gv == 1.0 else dx.mul_(gv)), None, None, None, None, None, None
+            if dx is None:  # a second backward: the same pass again, bit for bit
+                if ctx.dense:
+                    x, lab, _ = ctx.saved_tensors
+                    dx = _fused_pass(x, None, lab, None, ctx.ignore_index, 0.0,
+                                     ctx.reduction)["dx"]
+                else:
+                    x, target, _, weight = ctx.saved_tensors
+                    dx = _fused_pass(x, target, None, weight, ctx.ignore_index,
+                                     ctx.smoothing, ctx.reduction)["dx"]
+            return (dx if gv == 1.0 else dx.mul_(gv)), None, None, None, None, None, None
+        ctx.dx = None
         if ctx.reduction == "none":
             dyt, g = dy.contiguous(), 1.0
         else:

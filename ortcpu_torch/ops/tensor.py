@@ -35,7 +35,9 @@ def embedding(input: torch.Tensor, weight: torch.Tensor, padding_idx: int | None
               max_norm: float | None = None, norm_type: float = 2.0,
               scale_grad_by_freq: bool = False, sparse: bool = False) -> torch.Tensor:
     """Like ``torch.nn.functional.embedding``: rows of ``weight`` picked by ``input``
-    (int32/int64; an out-of-range index raises ValueError naming it). Backward is ORT's
+    (int32/int64). An index outside ``[0, num_embeddings)``, negative ones included, raises
+    IndexError naming it, as torch does (the registry's ONNX ``Gather`` wraps negative
+    indices; this torch-signature front end does not). Backward is ORT's
     GatherGrad (repeated indices accumulate); row ``padding_idx`` gets no gradient.
     ``max_norm``, ``scale_grad_by_freq`` and ``sparse`` are not supported (ValueError)."""
     if max_norm is not None:
@@ -56,4 +58,21 @@ def embedding(input: torch.Tensor, weight: torch.Tensor, padding_idx: int | None
             raise ValueError(f"embedding: padding_idx must be an int in [{-n}, {n - 1}], "
                              f"got {padding_idx!r}")
         padding_idx %= n
+    _check_rows(input, n)
     return _Embedding.apply(input, weight, padding_idx)
+
+
+def _check_rows(indices: torch.Tensor, n: int) -> None:
+    """IndexError naming the first index outside [0, n) and its position (torch:
+    "index out of range in self"); dtype errors are left to Gather."""
+    if indices.numel() == 0 or indices.dtype not in (torch.int32, torch.int64):
+        return
+    bad = (indices < 0) | (indices >= n)
+    if bool(bad.any()):
+        flat = int(torch.nonzero(bad.reshape(-1))[0, 0])
+        pos = tuple(int(p) for p in torch.unravel_index(torch.tensor(flat), indices.shape)) \
+            if indices.dim() else ()
+        raise IndexError(
+            f"embedding: input holds index {int(indices.reshape(-1)[flat])} at position "
+            f"{pos}, out of range for num_embeddings {n} (valid: [0, {n - 1}]; negative "
+            f"indices do not wrap, as in torch.nn.functional.embedding)")

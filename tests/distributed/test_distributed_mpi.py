@@ -37,3 +37,14 @@ def test_exception_on_one_rank_aborts_the_job():
     assert proc.returncode != 0
     assert "deliberate failure on rank 1" in proc.stderr
     assert elapsed < 60  # bounded by the timeout above; typically ~2 s
+
+
+def test_data_parallel_unused_parameters_error_or_zeros():
+    """A parameter without a gradient on one rank (a branch taken there only, or a
+    backward reaching no parameter): without find_unused_parameters a RuntimeError on
+    both ranks within seconds (the worker times each), then the wrapper works again; with
+    it, zeros are averaged in. Every overlap mode, one bucket and one per parameter."""
+    t0 = time.monotonic()
+    proc = run_mpi("dp_unused_worker.py", timeout=120)
+    assert proc.stdout.count("unused parameters ok") == 2 * 3 * 2, proc.stdout
+    assert time.monotonic() - t0 < 120

@@ -42,6 +42,11 @@ def test_data_parallel_single_process_is_transparent():
         ddp(x).sum().backward()
 
 
+def test_data_parallel_find_unused_parameters_must_be_bool():
+    with pytest.raises(TypeError, match="find_unused_parameters must be a bool"):
+        dist.DataParallel(torch.nn.Linear(2, 2), find_unused_parameters="yes")
+
+
 def test_single_process_without_mpi4py(no_mpi4py):
     assert not dist.available()
     assert dist.rank() == 0 and dist.world_size() == 1

@@ -1,7 +1,8 @@
 """Two-rank DataParallel checks: after backward, every rank's .grad equals the
 single-process gradient of the concatenated global batch (computed on each rank from
 the same initial weights), for several bucket sizes, overlap on/off, mixed dtypes,
-an unused parameter, buffers, no_sync accumulation and a few optimizer steps."""
+an unused parameter (find_unused_parameters=True), buffers, no_sync accumulation and a
+few optimizer steps. Missing gradients without find_unused_parameters: dp_unused_worker.py."""
 
 import copy
 
@@ -54,7 +55,8 @@ for bucket_mb in (25, 0.002):
         tag = f"bucket_mb={bucket_mb} overlap={overlap}"
         torch.manual_seed(1234 + rank)  # different init per rank: construction must sync
         model = Net()
-        ddp = DataParallel(model, bucket_mb=bucket_mb, overlap=overlap)
+        ddp = DataParallel(model, bucket_mb=bucket_mb, overlap=overlap,
+                           find_unused_parameters=True)  # Net.unused gets no gradient
         if bucket_mb < 1:
             assert len(ddp._buckets) > 3, len(ddp._buckets)
         assert torch.equal(model.scale, torch.ones(1))  # rank 0's buffer
@@ -91,7 +93,7 @@ for bucket_mb in (25, 0.002):
 # with ortcpu_torch's AdamW (ORT's AdamWOptimizer kernel) on both sides
 torch.manual_seed(7)
 model = Net()
-ddp = DataParallel(model, bucket_mb=0.01)
+ddp = DataParallel(model, bucket_mb=0.01, find_unused_parameters=True)
 ref = copy.deepcopy(model)
 opt = ortcpu_torch.optim.AdamW(ddp.parameters(), lr=1e-2)
 ref_opt = ortcpu_torch.optim.AdamW(ref.parameters(), lr=1e-2)
@@ -110,7 +112,7 @@ for (name, p), q in zip(ddp.module.named_parameters(), ref.parameters(), strict=
 # a parameter used on rank 1 only: every rank gets the average (rank 1's grad / 2)
 for overlap in ("poll", "thread", False):
     m = torch.nn.ModuleDict({"a": torch.nn.Linear(3, 2), "b": torch.nn.Linear(3, 2)})
-    ddp = DataParallel(m, bucket_mb=1e-5, overlap=overlap)
+    ddp = DataParallel(m, bucket_mb=1e-5, overlap=overlap, find_unused_parameters=True)
     loss = m["a"].weight.sum() * (rank + 1)
     if rank == 1:
         loss = loss + 3 * m["b"].weight.sum()
