@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from .._native.arena import reshaped
 from ..kernels import gemm as KG
 from ..kernels import tensor as KT
 from ..kernels._checks import float_input, same_dtype
@@ -30,7 +31,7 @@ class _Linear(torch.autograd.Function):
         y = KG.gemm(x2, w, bias, trans_b=True, op=op)
         ctx.save_for_backward(x2, w)
         ctx.x_shape, ctx.has_bias = x.shape, bias is not None
-        return y.view(*x.shape[:-1], w.shape[0])
+        return reshaped(y, (*x.shape[:-1], w.shape[0]))
 
     @staticmethod
     @once_differentiable
@@ -92,7 +93,7 @@ class _MatMul(torch.autograd.Function):
         y = KG.bmm("matmul", a3, b3, ta, tb)
         ctx.save_for_backward(a3, b3)
         ctx.ta, ctx.tb, ctx.a_shape, ctx.b_shape = ta, tb, a.shape, b.shape
-        return y.view(*a.shape[:-1], b.shape[-1])
+        return reshaped(y, (*a.shape[:-1], b.shape[-1]))
 
     @staticmethod
     @once_differentiable
