@@ -3,14 +3,14 @@
 PY ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= test,conformance,demo,dev,mpi
+EXTRAS ?= test,conformance,demo,dev,mpi,models
 BIN := $(VENV)/bin
 DEPS_STAMP := $(VENV)/.deps-installed
 EXT_STAMP := $(VENV)/.ext-built
 NATIVE_SRC := $(wildcard native/include/*.h native/src/*.c native/src/*.h native/src/*.inc) \
               ortcpu_torch/_native/build.py setup.py
 
-.PHONY: all test demo bench bench-optim bench-summary bench-rnn bench-distributed build lint readme clean
+.PHONY: all test test-slow demo bench bench-optim bench-summary bench-rnn bench-distributed build lint readme clean
 
 all: test
 
@@ -21,7 +21,7 @@ $(BIN)/python:
 $(DEPS_STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q setuptools wheel "cffi>=1.15" scipy-openblas32
-	$(BIN)/pip install -q --no-build-isolation -e ".[$(EXTRAS)]"
+	$(BIN)/pip install -q --no-build-isolation -e ".[$(EXTRAS)]" "$(TORCH_SPEC)"
 	touch $@
 	touch $(EXT_STAMP)
 
@@ -35,6 +35,10 @@ build: $(DEPS_STAMP)
 
 test: $(EXT_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# the long-running tests (DDP with spawned processes)
+test-slow: $(EXT_STAMP)
+	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
 
 demo: $(EXT_STAMP)
 	$(BIN)/python examples/main_job.py
