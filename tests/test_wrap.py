@@ -600,6 +600,8 @@ def _module_cases():
     return {
         "GELU": (lambda: nn.GELU("tanh"), lambda: r(4, 7)),
         "LeakyReLU": (lambda: nn.LeakyReLU(0.3), lambda: r(4, 7)),
+        "SiLU": (lambda: nn.SiLU(), lambda: r(4, 7)),
+        "ReLU": (lambda: nn.ReLU(), lambda: r(4, 7)),
         "Softmax": (lambda: nn.Softmax(1), lambda: r(4, 7, 3)),
         "LogSoftmax": (lambda: nn.LogSoftmax(-1), lambda: r(4, 7)),
         "LayerNorm": (lambda: nn.LayerNorm(7), lambda: r(4, 5, 7)),

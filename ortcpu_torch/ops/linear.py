@@ -1,6 +1,7 @@
 """GEMM front ends on OpenBLAS, only the gradients autograd asks for computed:
 
-- ``linear`` (``torch.nn.functional.linear``'s signature) on the Gemm kernel's core
+- ``linear`` (``torch.nn.functional.linear``'s signature; ``addmm`` for the [in, out]
+  weight layout of ``torch.addmm`` / Hugging Face's ``Conv1D``) on the Gemm kernel's core
   (``kernels.gemm.gemm``): forward ``Y = X·Wᵀ + b``; backward ``dX = dY·W``, ``dW = dYᵀ·X``
   and ``db`` = the column sums of dY (accumulated in double);
 - ``matmul`` (``torch.matmul`` for the shapes attention and MLP code use) on a batched
@@ -19,33 +20,39 @@ from .activations import once_differentiable
 
 
 class _Linear(torch.autograd.Function):
+    """``Y = X·Wᵀ + b`` (``w_in_out=False``: W is [out, in], torch.nn.Linear) or
+    ``Y = X·W + b`` (``w_in_out=True``: W is [in, out], ``torch.addmm`` / HF Conv1D)."""
+
     @staticmethod
-    def forward(ctx, x, weight, bias):
-        op = "linear"
+    def forward(ctx, x, weight, bias, w_in_out: bool = False, op: str = "linear"):
         x2 = float_input(op, "input", x.reshape(x.shape[:-1].numel(), x.shape[-1]))
         w = float_input(op, "weight", weight)
         same_dtype(op, "input", x2, "weight", w)
         if bias is not None:
             bias = float_input(op, "bias", bias)
             same_dtype(op, "input", x2, "bias", bias)
-        y = KG.gemm(x2, w, bias, trans_b=True, op=op)
+        y = KG.gemm(x2, w, bias, trans_b=not w_in_out, op=op)
         ctx.save_for_backward(x2, w)
-        ctx.x_shape, ctx.has_bias = x.shape, bias is not None
-        return reshaped(y, (*x.shape[:-1], w.shape[0]))
+        ctx.x_shape, ctx.has_bias, ctx.w_in_out, ctx.op = x.shape, bias is not None, \
+            w_in_out, op
+        return reshaped(y, (*x.shape[:-1], y.shape[1]))
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
         x2, weight = ctx.saved_tensors
-        dy2 = dy.reshape(x2.shape[0], weight.shape[0]).contiguous()  # once, for both GEMMs
+        op, t = ctx.op, ctx.w_in_out
+        n_out = weight.shape[1] if t else weight.shape[0]
+        dy2 = dy.reshape(x2.shape[0], n_out).contiguous()  # once, for both GEMMs
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            dx = KG.gemm(dy2, weight, op="linear").view(ctx.x_shape)
+            dx = KG.gemm(dy2, weight, trans_b=t, op=op).view(ctx.x_shape)
         if ctx.needs_input_grad[1]:
-            dw = KG.gemm(dy2, x2, trans_a=True, op="linear")
+            dw = KG.gemm(x2, dy2, trans_a=True, op=op) if t else \
+                KG.gemm(dy2, x2, trans_a=True, op=op)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = KT.sum_axis(dy2, 0, "linear").view(weight.shape[0])
-        return dx, dw, db
+            db = KT.sum_axis(dy2, 0, op).view(n_out)
+        return dx, dw, db, None, None
 
 
 def linear(input: torch.Tensor, weight: torch.Tensor,
@@ -66,6 +73,29 @@ def linear(input: torch.Tensor, weight: torch.Tensor,
         raise ValueError(f"{op}: bias must have shape [{weight.shape[0]}], got "
                          f"{list(bias.shape)}")
     return _Linear.apply(input, weight, bias)
+
+
+def addmm(input: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta=1, alpha=1):
+    """Like ``torch.addmm`` with ``beta = alpha = 1`` and ``input`` a bias over the columns
+    ([n] or [1, n]): ``mat1 [m, k] · mat2 [k, n] + input``, the GEMM of Hugging Face's
+    ``Conv1D``; float32 or float64. Other ``beta``/``alpha`` or a full [m, n] ``input``
+    raise ValueError (``wrap`` then runs torch's)."""
+    op = "addmm"
+    for name, t in (("input", input), ("mat1", mat1), ("mat2", mat2)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if beta != 1 or alpha != 1:
+        raise ValueError(f"{op}: only beta=1 and alpha=1 are implemented, got beta={beta!r}, "
+                         f"alpha={alpha!r}")
+    if mat1.dim() != 2 or mat2.dim() != 2 or mat1.shape[1] != mat2.shape[0]:
+        raise ValueError(f"{op}: mat1 [m, k] and mat2 [k, n] expected, got "
+                         f"{list(mat1.shape)} and {list(mat2.shape)}")
+    n = mat2.shape[1]
+    if tuple(input.shape) not in ((n,), (1, n)):
+        raise ValueError(f"{op}: input must be a bias of shape [{n}] or [1, {n}], got "
+                         f"{list(input.shape)}")
+    y = _Linear.apply(mat1, mat2, input.reshape(n), True, op)
+    return y
 
 
 def _base(t: torch.Tensor, batch: int) -> tuple[torch.Tensor, bool]:

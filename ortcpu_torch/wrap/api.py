@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from .detect import detect
 from .optimizer import convert_optimizer
 from .policy import INFO_ATTR, POLICIES, STATE_ATTR, FallbackError, State, Stats, matches
 from .routing import EnterHook, ExitHook
@@ -91,7 +92,12 @@ def wrap(model: torch.nn.Module, *, fallback: str = "warn", include=None, exclud
             if cls.__module__.startswith(_PACKAGE + "."):
                 continue  # already one of ours (e.g. ortcpu_torch.nn.GELU used directly)
             base = next((c for c in cls.__mro__[1:] if c in by_cls), None)
-            if base is not None:
+            found, why = detect(m) if base is None and qualname else (None, None)
+            if found is not None and in_scope:
+                swaps.append((qualname, m, found))
+            elif why is not None:
+                state.skipped.append((qualname, path, why))
+            elif base is not None:
                 state.skipped.append((qualname, path, f"subclass of {class_path(base)} (its "
                                       "forward may differ): not swapped; the functionals "
                                       "it calls are routed"))
@@ -119,11 +125,11 @@ def wrap(model: torch.nn.Module, *, fallback: str = "warn", include=None, exclud
         if new is None:
             # a supported module type in a configuration our kernels do not take: torch
             # runs it, and that is a fallback like any other (warned / raised per policy)
-            state.skipped.append((qualname, entry.torch_path, why))
+            state.skipped.append((qualname, class_path(type(m)), why))
             state.fell_back(f"{qualname} ({entry.torch_name})", entry.torch_name, Stats(),
                             why)
             continue
-        state.modules[qualname] = {"type": entry.torch_path, "ours": type(new).__mro__[1],
+        state.modules[qualname] = {"type": class_path(type(m)), "ours": type(new).__mro__[1],
                                    "stats": Stats()}
     for qualname, m, _entry in swaps:
         new = built[id(m)][0]

@@ -97,21 +97,30 @@ def func_name(func) -> str:
 
 
 _OWNER: dict = {}  # code object of a forward -> class path of its module ("" if none)
+_SHARED = object()  # a forward inherited by several classes: look at `self` every time
 OUTSIDE = "(no module: called outside any module's forward)"
 
 
 def calling_module(frame) -> str:
     """Class path of the module whose ``forward`` is the innermost on the stack from
-    ``frame`` (looked up once per forward's code object)."""
+    ``frame``. Cached per forward's code object when that code is the forward of exactly
+    the class found (an inherited forward, like BatchNorm2d's, is resolved per call)."""
     f = frame
     while f is not None:
         code = f.f_code
         if code.co_name == "forward":
             where = _OWNER.get(code)
-            if where is None:
+            if where is None or where is _SHARED:
                 owner = f.f_locals.get("self")
-                where = _OWNER[code] = class_path(type(owner)) \
-                    if isinstance(owner, torch.nn.Module) else ""
+                if isinstance(owner, torch.nn.Module):
+                    cls = type(owner)
+                    where = class_path(cls)
+                    if code not in _OWNER:
+                        own = cls.__dict__.get("forward")
+                        _OWNER[code] = where if getattr(own, "__code__", None) is code \
+                            else _SHARED
+                else:
+                    where = _OWNER[code] = ""
             if where:
                 return where
         f = f.f_back

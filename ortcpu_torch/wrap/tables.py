@@ -91,8 +91,8 @@ def _rnn_args(cls: type, m: torch.nn.Module) -> dict:
 
 MODULES: tuple[ModuleEntry, ...] = tuple(
     ModuleEntry(n, args=_rnn_args) if n in ("LSTM", "GRU") else ModuleEntry(n) for n in (
-    # activations (main)
-    "GELU", "LeakyReLU", "Softmax", "LogSoftmax",
+    # activations
+    "GELU", "SiLU", "ReLU", "LeakyReLU", "Softmax", "LogSoftmax",
     # normalization / loss / dropout (issue 4)
     "LayerNorm", "RMSNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "Dropout",
     "CrossEntropyLoss",
@@ -113,6 +113,9 @@ def _s_gelu(input, approximate="none"): ...
 def _s_softmax_t(input, dim, dtype=None): ...
 def _s_softmax_f(input, dim=None, _stacklevel=3, dtype=None): ...
 def _s_leaky_relu(input, negative_slope=0.01, inplace=False): ...
+def _s_inplace(input, inplace=False): ...
+def _s_unary(input): ...
+def _s_addmm(input, mat1, mat2, beta=1, alpha=1, out=None): ...
 def _s_layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5): ...
 def _s_rms_norm(input, normalized_shape, weight=None, eps=None): ...
 def _s_batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
@@ -170,6 +173,11 @@ def _funcs() -> list[FuncEntry]:
         ("torch.log_softmax", torch.log_softmax, "log_softmax", _s_softmax_t),
         ("Tensor.log_softmax", T.log_softmax, "log_softmax", _s_softmax_t),
         ("F.leaky_relu", F.leaky_relu, "leaky_relu", _s_leaky_relu),
+        ("F.silu", F.silu, "silu", _s_inplace),
+        ("F.relu", F.relu, "relu", _s_inplace),
+        ("torch.relu", torch.relu, "relu", _s_unary),
+        ("Tensor.relu", T.relu, "relu", _s_unary),
+        ("torch.addmm", torch.addmm, "addmm", _s_addmm),
         ("F.layer_norm", F.layer_norm, "layer_norm", _s_layer_norm),
         ("F.rms_norm", getattr(F, "rms_norm", None), "rms_norm", _s_rms_norm),
         ("F.batch_norm", F.batch_norm, "batch_norm", _s_batch_norm),
