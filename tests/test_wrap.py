@@ -35,6 +35,12 @@ from ortcpu_torch import (
 )
 from ortcpu_torch.wrap.tables import FUNCTIONALS, MODULES
 
+# These tests check placement and call counts: every supported call runs on ours
+# (select="ours"); the default select="fastest" is tested in test_wrap_select.py.
+wrap = functools.partial(wrap, select="ours")
+optimize = functools.partial(optimize, select="ours")
+kernels_enabled = functools.partial(kernels_enabled, select="ours")
+
 ONN, OPS = ortcpu_torch.nn, ortcpu_torch.ops
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-6), torch.float64: dict(rtol=1e-10, atol=1e-12)}
 

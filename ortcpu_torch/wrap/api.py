@@ -29,7 +29,7 @@ def _under(qualname: str, prefixes) -> bool:
 
 
 def wrap(model: torch.nn.Module, *, fallback: str = "warn", include=None, exclude=None,
-         timing: bool = False):
+         timing: bool = False, select="fastest"):
     """Run ``model`` on ortcpu_torch kernels; returns the same object, changed in place.
 
     Swaps every submodule whose type is exactly a supported ``torch.nn`` class for its
@@ -52,6 +52,13 @@ def wrap(model: torch.nn.Module, *, fallback: str = "warn", include=None, exclud
     swapped or routed, and everything inside an included module is swapped and routed.
     A functional called outside excluded/included modules is routed by its own name.
 
+    ``select``: which side runs each supported call. ``"fastest"`` (default): the first
+    call with a new input signature times ours and torch's (forward+backward, on copies:
+    nothing of the model changes) and the faster runs from then on, so the wrap never
+    makes an op slower (ours trails on tiny tensors, where a Python autograd.Function's
+    fixed cost dominates, and leads on large ones). ``"ours"``: always ours.
+    ``report(model).selection``, passed back as ``select=``, replays the choices.
+
     ``timing``: also measure the forward and backward time spent on ours and on torch
     (a few microseconds per call); ``report(model, timing=True)`` prints the shares.
 
@@ -68,7 +75,7 @@ def wrap(model: torch.nn.Module, *, fallback: str = "warn", include=None, exclud
         raise TypeError(f"wrap: model must be a torch.nn.Module, got {type(model).__name__}")
     if getattr(model, STATE_ATTR, None) is not None:
         unwrap(model)
-    state = State(fallback, include, exclude, timing)
+    state = State(fallback, include, exclude, timing, select)
     by_cls = {e.torch_cls: e for e in MODULES if e.torch_cls is not None}
     swaps, excluded, included = [], [], []
     for qualname, m in model.named_modules(remove_duplicate=False):
@@ -168,19 +175,21 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def optimize(model: torch.nn.Module, optimizer=None, *, fallback: str = "warn",
-             include=None, exclude=None, timing: bool = False):
+             include=None, exclude=None, timing: bool = False, select="fastest"):
     """``wrap(model)`` and replace a ``torch.optim.AdamW/Adam/SGD`` by ortcpu_torch's
     (same param groups, state carried over) when ``ortcpu_torch.optim`` has it. Returns
     ``(model, optimizer)``; what was done is in ``report(model)``. An LR scheduler built on
     the old optimizer must be rebuilt on the returned one. One of those optimizers kept
     on torch because of a setting ours lacks is a fallback under ``fallback`` (with
-    ``"error"``, raised before the model is touched)."""
+    ``"error"``, raised before the model is touched). ``select``, ``timing``: as in
+    ``wrap``."""
     if fallback not in POLICIES:
         raise ValueError(f"optimize: fallback must be one of {POLICIES}, got {fallback!r}")
     new, note, fell_back = convert_optimizer(optimizer)
     if fell_back and fallback == "error":
         raise FallbackError(f"ortcpu_torch.optimize: {note} (fallback='error')")
-    wrap(model, fallback=fallback, include=include, exclude=exclude, timing=timing)
+    wrap(model, fallback=fallback, include=include, exclude=exclude, timing=timing,
+         select=select)
     state = model.__dict__[STATE_ATTR]
     state.optimizer = note
     if fell_back:

@@ -91,6 +91,8 @@ def _reason_key(reason: str) -> str:
 
 # ---- per-wrap state --------------------------------------------------------------------
 
+CHOSE_TORCH = "torch measured faster for this input signature (select='fastest')"
+
 
 class Stats:
     """Calls of one swapped module or routed functional: on ours, on torch (and why)."""
@@ -101,6 +103,15 @@ class Stats:
         self.ours = 0
         self.torch = 0
         self.reasons: dict[str, list] = {}  # reason key -> [first message, count]
+
+    def chose_torch(self) -> None:
+        """Count one call run on torch because torch measured faster (not a fallback)."""
+        self.torch += 1
+        r = self.reasons.get(CHOSE_TORCH)
+        if r is None:
+            self.reasons[CHOSE_TORCH] = [CHOSE_TORCH, 1]
+        else:
+            r[1] += 1
 
     def fallback(self, reason: str) -> bool:
         """Count one fallback; True when this reason is new for this entry."""
@@ -149,7 +160,10 @@ class State:
     inside it is routed (scope ``True``); elsewhere a functional is routed when its own
     name is selected."""
 
-    def __init__(self, fallback: str, include=None, exclude=None, timing: bool = False):
+    def __init__(self, fallback: str, include=None, exclude=None, timing: bool = False,
+                 select="fastest"):
+        from .select import check_select
+
         if fallback not in POLICIES:
             raise ValueError(f"wrap: fallback must be one of {POLICIES}, got {fallback!r}")
         for n, v in (("include", include), ("exclude", exclude)):
@@ -171,12 +185,17 @@ class State:
         self.func_selected: dict[str, bool] = {}  # functional name -> include/exclude says
         self.compiled = False  # traced by torch.compile at least once
         self.timing = bool(timing)
+        # select: "fastest" | "ours"; choices: readable signature -> {"side", timings};
+        # sides: the same choices by a cheap tuple key (rebuilt after unpickling)
+        self.select, self.choices = check_select(select)
+        self.sides: dict = {}
         self.times = {"forward": dict.fromkeys(SIDES, 0), "backward": dict.fromkeys(SIDES, 0)}
         self._local = threading.local()
 
     def __getstate__(self):
         d = dict(self.__dict__)
         d.pop("_local", None)
+        d["sides"] = {}
         return d
 
     def __setstate__(self, d):

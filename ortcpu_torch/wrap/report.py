@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from .policy import STATE_ATTR, Stats
+from .policy import CHOSE_TORCH, STATE_ATTR, Stats
 from .routing import KernelMode
 from .tables import FUNCTIONALS
 
@@ -46,7 +46,9 @@ class Report:
     ``torch_functions``). ``functionals``: routed functionals (name, calls_ours,
     calls_torch, reasons). ``torch_functions``: every other torch function the forward
     called (name, calls, reason, modules: calling module class paths), views and metadata
-    reads included (``metadata``: True). ``timing``: None, or ms per side and phase."""
+    reads included (``metadata``: True). ``timing``: None, or ms per side and phase.
+    ``selection``: the side chosen per input signature under ``select="fastest"``
+    (``wrap(model, select=report.selection)`` replays it); ``choices`` adds the timings."""
 
     fallback: str
     modules: list
@@ -58,6 +60,8 @@ class Report:
     functionals_missing: list  # names whose op is not in this build
     optimizer: str | None
     timing: dict | None = None
+    selection: dict | None = None  # signature -> "ours" | "torch" (wrap(select=...))
+    choices: dict | None = None  # signature -> {"side", "ours_ms", "torch_ms"}
     text: str = ""
 
     def __str__(self) -> str:
@@ -137,7 +141,8 @@ def report(model, file="stdout", timing: bool = False) -> Report:
         for d in mods:
             lines.append(f"  {d['name']:<28} {d['type']} -> {d['ours']}  "
                          f"{d['calls_ours']} / {d['calls_torch']}")
-            lines.extend(f"      fell back {n}x: {msg}" for msg, n in d["reasons"].items())
+            lines.extend(f"      {'on torch' if msg == CHOSE_TORCH else 'fell back'} {n}x: "
+                         f"{msg}" for msg, n in d["reasons"].items())
     elif not isinstance(model, KernelMode):
         lines.append("modules swapped: none")
     if skipped:
@@ -177,6 +182,15 @@ def report(model, file="stdout", timing: bool = False) -> Report:
         lines.append("not yet in this build (run on torch): " + ", ".join(missing))
     if state.optimizer is not None:
         lines.append(f"optimizer: {state.optimizer}")
+    if state.choices:
+        n_t = sum(c["side"] == "torch" for c in state.choices.values())
+        lines.append(f"select={state.select!r}: {len(state.choices)} signatures measured, "
+                     f"{n_t} run on torch (forward+backward ms ours / torch):")
+        for k, c in state.choices.items():
+            ms = "given" if c["ours_ms"] is None else f"{c['ours_ms']:.3f} / {c['torch_ms']:.3f}"
+            lines.append(f"  {c['side']:<5} {ms:<18} {k}")
+    else:
+        lines.append(f"select={state.select!r}")
     lines.append("under torch.compile the compiled graph is torch's; calls in it are not "
                  "counted here")
     tim = None
@@ -192,7 +206,9 @@ def report(model, file="stdout", timing: bool = False) -> Report:
                              tim["backward"]["ours"], tim["backward"]["torch"],
                              tim["ours_share"]))
     rep = Report(state.fallback, mods, skipped, dict(state.no_counterpart), funcs, tfuncs,
-                 avail, missing, state.optimizer, tim, "\n".join(lines))
+                 avail, missing, state.optimizer, tim,
+                 {k: c["side"] for k, c in state.choices.items()},
+                 {k: dict(c) for k, c in state.choices.items()}, "\n".join(lines))
     if file is not None:
         print(rep.text, file=sys.stdout if file == "stdout" else file)
     return rep

@@ -15,6 +15,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .policy import State, Stats, Unsupported, context_reason, exc_reason, values_reason
+from .select import choose
 from .tables import BY_FUNC, IGNORED_ARGS, NO_DEFAULT, FuncEntry, class_path
 from .timing import timed
 
@@ -130,7 +131,8 @@ def calling_module(frame) -> str:
 # reasons a torch function ran on torch (keys of State.torch_calls)
 NO_KERNEL = "no ortcpu_torch kernel"
 NOT_SELECTED = "not selected by include/exclude"
-IN_TORCH_SCOPE = "inside an excluded module, or a swapped module's torch fallback"
+IN_TORCH_SCOPE = "inside an excluded module, or a swapped module run by torch (a fallback, " \
+                 "or torch measured faster)"
 
 
 class KernelMode(TorchFunctionMode):
@@ -179,6 +181,13 @@ class KernelMode(TorchFunctionMode):
             stats.reasons.setdefault(k, [k, 0])[1] += 1
             return func(*args, **kwargs)
         reason = context_reason()
+        if reason is None and state.select != "ours" and values_reason(args) is None and \
+                values_reason(kwargs.values()) is None and choose(
+                    state, entry.name, None, lambda *a, **k: ours_call(entry, ours, a, k),
+                    func, args, kwargs) == "torch":
+            stats.chose_torch()
+            return timed(state, "torch", func, *args, **kwargs) if state.timing \
+                else func(*args, **kwargs)
         if reason is None:
             try:
                 out = timed(state, "ours", ours_call, entry, ours, args, kwargs) \
@@ -230,8 +239,9 @@ class ExitHook:
 
 
 def kernels_enabled(fallback: str = "warn", include=None, exclude=None,
-                    timing: bool = False) -> KernelMode:
+                    timing: bool = False, select="fastest") -> KernelMode:
     """Context manager routing torch functionals (``F.gelu``, ``torch.softmax``, ...) to
-    ortcpu_torch kernels inside the ``with`` block, with the same fallback policy as
-    ``wrap``. ``ortcpu_torch.report(ctx)`` (or ``ctx.report()``) shows what ran where."""
-    return KernelMode(State(fallback, include, exclude, timing))
+    ortcpu_torch kernels inside the ``with`` block, with the same fallback policy and
+    ``select`` as ``wrap``. ``ortcpu_torch.report(ctx)`` (or ``ctx.report()``) shows what
+    ran where."""
+    return KernelMode(State(fallback, include, exclude, timing, select))

@@ -14,8 +14,11 @@ from __future__ import annotations
 import torch
 
 from .policy import INFO_ATTR, context_reason, exc_reason, values_reason
+from .select import choose, module_runner
 from .tables import MODULES, ModuleEntry
 from .timing import timed
+
+CHOSE = "torch chosen"  # marker: torch runs because it measured faster, not a fallback
 
 
 class SwapInfo:
@@ -45,6 +48,14 @@ def _wrapped_forward(self, *args, **kwargs):
         reason = context_reason() or values_reason(args) \
             or values_reason(kwargs.values()) or values_reason(self._parameters.values()) \
             or values_reason(self._buffers.values())
+        if reason is None and state.select != "ours" and choose(
+                state, info.entry_name, (type(info.original), self.training, self.extra_repr()),
+                module_runner(self, type(self).__mro__[1].forward),
+                module_runner(info.original, type(info.original).forward,
+                              lambda: sync_to_original(self, info.original, info.attrs)),
+                args, kwargs) == "torch":
+            stats.chose_torch()
+            reason = CHOSE
         if reason is None:
             fwd = type(self).__mro__[1].forward
             try:
@@ -54,8 +65,9 @@ def _wrapped_forward(self, *args, **kwargs):
                 return out
             except (TypeError, ValueError) as e:
                 reason = exc_reason(f"nn.{type(self).__mro__[1].__name__}", e)
-    state.fell_back(f"{info.qualname or 'model'} ({info.entry_name})", info.entry_name,
-                    stats, reason)
+    if reason is not CHOSE:
+        state.fell_back(f"{info.qualname or 'model'} ({info.entry_name})", info.entry_name,
+                        stats, reason)
     orig = info.original
     sync_to_original(self, orig, info.attrs)
     scopes = state.scopes
