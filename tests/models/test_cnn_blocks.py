@@ -1,7 +1,6 @@
 """ResNet- and MobileNetV3-style networks written the way torchvision writes them
-(``ReLU(inplace=True)`` after BatchNorm, ``out += identity``, ``Hardswish(inplace=True)``,
-depthwise convolutions, squeeze-excitation with ``Hardsigmoid``): torchvision itself has
-no CPU build for torch 2.13 on the package index. Trained 20 AdamW steps under
+(``torchvision_style.py``): torchvision itself has no CPU build for torch 2.13 on the
+package index. Trained 20 AdamW steps under
 ``optimize()`` vs plain torch, within torch's own float32 drift from a float64 run,
 BatchNorm statistics included; then DDP (gloo, 2 processes) around the wrapped model, and
 autocast's documented fallback."""
@@ -15,7 +14,6 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 import ortcpu_torch
 
@@ -26,106 +24,13 @@ from ._train import (
     check_training,
     train_three_ways,
 )
+from .torchvision_style import MobileNetV3Tiny, ResNetTiny
 
 
 @pytest.fixture(autouse=True)
 def _one_thread():
     torch.set_num_threads(1)
     ortcpu_torch.set_num_threads(1)
-
-
-class BasicBlock(nn.Module):
-    def __init__(self, cin, cout, stride=1):
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.relu = nn.ReLU(inplace=True)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.downsample = None
-        if stride != 1 or cin != cout:
-            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
-                                            nn.BatchNorm2d(cout))
-
-    def forward(self, x):
-        identity = x
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        if self.downsample is not None:
-            identity = self.downsample(x)
-        out += identity
-        return self.relu(out)
-
-
-class ResNetTiny(nn.Module):
-    def __init__(self, classes=5):
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 8, 3, 1, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(8)
-        self.relu = nn.ReLU(inplace=True)
-        self.maxpool = nn.MaxPool2d(3, 2, 1)
-        self.layer1 = BasicBlock(8, 8)
-        self.layer2 = BasicBlock(8, 16, 2)
-        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
-        self.fc = nn.Linear(16, classes)
-
-    def forward(self, x):
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        x = self.layer2(self.layer1(x))
-        return self.fc(torch.flatten(self.avgpool(x), 1))
-
-
-class SqueezeExcitation(nn.Module):
-    def __init__(self, c, squeeze):
-        super().__init__()
-        self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.fc1 = nn.Conv2d(c, squeeze, 1)
-        self.fc2 = nn.Conv2d(squeeze, c, 1)
-        self.activation = nn.ReLU()
-        self.scale_activation = nn.Hardsigmoid()
-
-    def forward(self, x):
-        s = self.scale_activation(self.fc2(self.activation(self.fc1(self.avgpool(x)))))
-        return s * x
-
-
-def _cbn(cin, cout, k, stride=1, groups=1, act=nn.Hardswish):
-    layers = [nn.Conv2d(cin, cout, k, stride, (k - 1) // 2, groups=groups, bias=False),
-              nn.BatchNorm2d(cout)]
-    if act is not None:
-        layers.append(act(inplace=True))
-    return nn.Sequential(*layers)
-
-
-class InvertedResidual(nn.Module):
-    def __init__(self, cin, cexp, cout, stride, act):
-        super().__init__()
-        self.use_res = stride == 1 and cin == cout
-        self.block = nn.Sequential(_cbn(cin, cexp, 1, act=act),
-                                   _cbn(cexp, cexp, 3, stride, groups=cexp, act=act),
-                                   SqueezeExcitation(cexp, max(cexp // 4, 8)),
-                                   _cbn(cexp, cout, 1, act=None))
-
-    def forward(self, x):
-        out = self.block(x)
-        if self.use_res:
-            out += x
-        return out
-
-
-class MobileNetV3Tiny(nn.Module):
-    def __init__(self, classes=5):
-        super().__init__()
-        self.features = nn.Sequential(_cbn(3, 8, 3, 2),
-                                      InvertedResidual(8, 16, 8, 1, nn.ReLU),
-                                      InvertedResidual(8, 24, 16, 2, nn.Hardswish),
-                                      _cbn(16, 32, 1))
-        self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.classifier = nn.Sequential(nn.Linear(32, 24), nn.Hardswish(inplace=True),
-                                        nn.Dropout(0.0), nn.Linear(24, classes))
-
-    def forward(self, x):
-        return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
 
 
 def _batches(n=4):
