@@ -5,7 +5,10 @@ Two mechanisms, both table-driven (``tables``): **module swap** (``swap``: a sup
 Parameter and buffer objects, falling back to the original per call) and **functional
 routing** (``routing``: while the root's ``forward`` runs, a TorchFunctionMode sends
 ``F.gelu``, ``torch.softmax``, ... to ``ortcpu_torch.ops`` and counts what stays on
-torch). ``policy`` holds the fallback rules and the per-wrap state, ``report`` prints it,
+torch). ``detect`` finds modules outside ``torch.nn`` whose forward is one of our kernels
+written as a formula (tanh-GELU, SiLU, RMSNorm) and checks them numerically; ``select``
+decides per input signature which side runs (default: the faster, measured once);
+``policy`` holds the fallback rules and the per-wrap state, ``report`` prints it,
 ``timing`` measures the two sides, ``optimizer`` converts torch optimizers for
 ``optimize()``; ``api`` is ``wrap`` / ``unwrap`` / ``optimize``.
 """
