@@ -24,8 +24,11 @@ CHOSE = "torch chosen"  # marker: torch runs because it measured faster, not a f
 class SwapInfo:
     """Kept on a swapped module (not a child: state_dict is unchanged)."""
 
-    def __init__(self, original, entry_name, qualname, state, attrs):
+    config = ""  # (class default for objects unpickled from before it existed)
+
+    def __init__(self, original, entry_name, qualname, state, attrs, config=""):
         self.original = original
+        self.config = config  # extra_repr at wrap time: part of select's signature key
         self.entry_name = entry_name
         self.qualname = qualname
         self.state = state
@@ -49,7 +52,7 @@ def _wrapped_forward(self, *args, **kwargs):
             or values_reason(kwargs.values()) or values_reason(self._parameters.values()) \
             or values_reason(self._buffers.values())
         if reason is None and state.select != "ours" and choose(
-                state, info.entry_name, (type(info.original), self.training, self.extra_repr()),
+                state, info.entry_name, (type(info.original), self.training, info.config),
                 module_runner(self, type(self).__mro__[1].forward),
                 module_runner(info.original, type(info.original).forward,
                               lambda: sync_to_original(self, info.original, info.attrs)),
@@ -188,7 +191,8 @@ def build_swap(entry: ModuleEntry, m: torch.nn.Module, qualname: str, state):
     new.training = m.training
     attrs = tuple(k for k in m.__dict__ if not k.startswith("_") and k in new.__dict__
                   and k != "training")
-    new.__dict__[INFO_ATTR] = SwapInfo(m, entry.torch_name, qualname, state, attrs)
+    new.__dict__[INFO_ATTR] = SwapInfo(m, entry.torch_name, qualname, state, attrs,
+                                       new.extra_repr())
     return new, None
 
 
