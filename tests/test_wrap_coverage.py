@@ -171,3 +171,60 @@ def test_formula_modules_swapped_only_when_they_compute_our_kernel(act, norm, sw
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=n)
     ortcpu_torch.unwrap(m)
     assert type(m[1]) is type(act) and type(m[2]) is type(norm)
+
+
+# ---- scaled dot-product attention ------------------------------------------------------
+
+_SDPA = {
+    "plain": dict(),
+    "causal": dict(is_causal=True),
+    "scale": dict(scale=0.3),
+    "bool_mask": dict(attn_mask=torch.rand(7, 9, generator=torch.Generator().manual_seed(0))
+                      > 0.3),
+    "float_mask": dict(attn_mask=torch.randn(2, 1, 7, 9)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("case", sorted(_SDPA))
+def test_sdpa_forward_backward(case, dtype):
+    kw = {k: (v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+          for k, v in _SDPA[case].items()}
+    q = torch.randn(2, 3, 7, 8, dtype=dtype)
+    k, v = torch.randn(2, 3, 9, 8, dtype=dtype), torch.randn(2, 3, 9, 5, dtype=dtype)
+    if case == "causal":
+        k, v = k[..., :7, :], v[..., :7, :]
+    a = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    b = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    y = ops.scaled_dot_product_attention(*a, **kw)
+    y_r = F.scaled_dot_product_attention(*b, **kw)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-10,
+                                                                         atol=1e-12)
+    torch.testing.assert_close(y, y_r, **tol)
+    g = torch.randn_like(y)
+    y.backward(g)
+    y_r.backward(g)
+    for p, r in zip(a, b, strict=True):
+        torch.testing.assert_close(p.grad, r.grad, **{k: 10 * v for k, v in tol.items()})
+    if dtype == torch.float64:
+        assert torch.autograd.gradcheck(
+            lambda *t: ops.scaled_dot_product_attention(*t, **kw),
+            [t.detach().requires_grad_(True) for t in (q, k, v)])
+
+
+def test_sdpa_grouped_heads_dropout_and_routing():
+    q = torch.randn(2, 4, 6, 8)
+    k, v = torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 8)
+    torch.testing.assert_close(ops.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+                               F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+                               rtol=1e-5, atol=1e-6)
+    y = ops.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+    assert y.shape == q.shape and torch.isfinite(y).all()
+    with ortcpu_torch.kernels_enabled(select="ours") as ctx:
+        out = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, q, q, is_causal=True),
+                               rtol=1e-5, atol=1e-6)
+    assert report(ctx, file=None).functionals[0]["calls_ours"] == 1
+    with pytest.raises(ValueError, match="both"):
+        ops.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(6, 6, dtype=torch.bool),
+                                         is_causal=True)

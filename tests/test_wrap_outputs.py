@@ -120,8 +120,9 @@ def _new_cases():
         out["sdpa_causal"] = (
             lambda q, k, v: ops.scaled_dot_product_attention(q, k, v, is_causal=True),
             lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-            lambda b: [r(2, 2, 64 if b else 8, 16), r(2, 2, 64 if b else 8, 16),
-                       r(2, 2, 64 if b else 8, 16)])
+            lambda b: [r(4, 4, 64 if b else 8, 64 if b else 16),
+                       r(4, 4, 64 if b else 8, 64 if b else 16),
+                       r(4, 4, 64 if b else 8, 64 if b else 16)])
     return out
 
 

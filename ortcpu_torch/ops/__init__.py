@@ -13,7 +13,7 @@ from .activations import (
 from .batchnorm import batch_norm
 from .conv import conv1d, conv2d, conv3d
 from .dropout import dropout
-from .linear import addmm, linear, matmul
+from .linear import addmm, linear, matmul, scaled_dot_product_attention
 from .loss import cross_entropy
 from .norm import layer_norm, rms_norm
 from .pool import (
@@ -37,5 +37,5 @@ __all__ += ["layer_norm", "rms_norm", "batch_norm", "cross_entropy", "dropout"]
 __all__ += ["conv1d", "conv2d", "conv3d", "max_pool1d", "max_pool2d", "max_pool3d",
             "avg_pool1d", "avg_pool2d", "avg_pool3d", "adaptive_avg_pool2d",
             "global_avg_pool", "global_max_pool"]
-__all__ += ["linear", "addmm", "matmul"]
+__all__ += ["linear", "addmm", "matmul", "scaled_dot_product_attention"]
 __all__ += ["embedding", "fake_quantize", "lstm_direction", "gru_direction"]

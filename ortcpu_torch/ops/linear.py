@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .._native.arena import reshaped
@@ -155,3 +157,49 @@ def matmul(input: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     if input.shape[-1] != other.shape[-2]:
         raise ValueError(f"{op}: inner dims differ: {list(input.shape)} @ {list(other.shape)}")
     return _MatMul.apply(input, other)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False):
+    """Like ``torch.nn.functional.scaled_dot_product_attention`` for [..., L, E] query and
+    [..., S, E] key / [..., S, Ev] value, as our GEMMs around our softmax:
+    ``softmax(q·kᵀ·scale + mask)·v`` (``scale`` default 1/sqrt(E); ``is_causal``: the
+    upper triangle masked; ``attn_mask`` boolean (True = attend) or additive float,
+    broadcast to [..., L, S]; ``dropout_p`` applied to the attention weights with our
+    dropout; ``enable_gqa``: key/value heads (dim -3) repeated to the query's). The mask
+    and scale are applied by torch between the GEMMs (no fused kernel yet), so on small
+    shapes torch's fused CPU attention is usually faster: ``wrap``'s select decides."""
+    from .activations import softmax
+    from .dropout import dropout
+
+    op = "scaled_dot_product_attention"
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor) or t.dim() < 2:
+            raise ValueError(f"{op}: {name} must be a tensor of rank >= 2")
+    if is_causal and attn_mask is not None:
+        raise ValueError(f"{op}: attn_mask and is_causal cannot both be set")
+    if enable_gqa and query.dim() >= 3 and key.shape[-3] != query.shape[-3]:
+        rep = query.shape[-3] // key.shape[-3]
+        if rep * key.shape[-3] != query.shape[-3]:
+            raise ValueError(f"{op}: query heads {query.shape[-3]} are not a multiple of key "
+                             f"heads {key.shape[-3]}")
+        key = key.repeat_interleave(rep, dim=-3)
+        value = value.repeat_interleave(rep, dim=-3)
+    if query.shape[:-2] != key.shape[:-2] or key.shape[:-2] != value.shape[:-2]:
+        raise ValueError(f"{op}: batch dims differ: {list(query.shape)}, {list(key.shape)}, "
+                         f"{list(value.shape)} (broadcast batch dims are not implemented)")
+    s = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    scores = matmul(query, key.transpose(-2, -1)) * s
+    L, S = scores.shape[-2], scores.shape[-1]
+    if is_causal:
+        keep = torch.ones(L, S, dtype=torch.bool).tril()
+        scores = scores.masked_fill(~keep, float("-inf"))
+    elif attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        else:
+            scores = scores + attn_mask
+    p = softmax(scores, -1)
+    if dropout_p > 0.0:
+        p = dropout(p, dropout_p, True)
+    return matmul(p, value)
