@@ -80,13 +80,20 @@ def test_selection_replays_without_measuring():
 
 def test_functionals_are_selected_too():
     x = torch.randn(4, 8)
-    with ortcpu_torch.kernels_enabled() as ctx:
+    with ortcpu_torch.kernels_enabled(select="fastest") as ctx:
         torch.softmax(x, -1)
         torch.softmax(x, -1)
     rep = report(ctx, file=None)
     assert len(rep.choices) == 1 and next(iter(rep.choices)).startswith("torch.softmax(")
     f = rep.functionals[0]
     assert f["calls_ours"] + f["calls_torch"] == 2
+
+
+def test_kernels_enabled_defaults_to_ours():
+    with ortcpu_torch.kernels_enabled() as ctx:
+        torch.softmax(torch.randn(2, 3), -1)
+    rep = report(ctx, file=None)
+    assert rep.choices == {} and rep.functionals[0]["calls_ours"] == 1
 
 
 def test_bad_select():

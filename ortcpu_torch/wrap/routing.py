@@ -239,9 +239,10 @@ class ExitHook:
 
 
 def kernels_enabled(fallback: str = "warn", include=None, exclude=None,
-                    timing: bool = False, select="fastest") -> KernelMode:
+                    timing: bool = False, select="ours") -> KernelMode:
     """Context manager routing torch functionals (``F.gelu``, ``torch.softmax``, ...) to
-    ortcpu_torch kernels inside the ``with`` block, with the same fallback policy and
-    ``select`` as ``wrap``. ``ortcpu_torch.report(ctx)`` (or ``ctx.report()``) shows what
-    ran where."""
+    ortcpu_torch kernels inside the ``with`` block, with the same fallback policy as
+    ``wrap``. Unlike ``wrap``, ``select`` defaults to ``"ours"``: this block is an explicit
+    request for our kernels (pass ``select="fastest"`` to let measurement decide).
+    ``ortcpu_torch.report(ctx)`` (or ``ctx.report()``) shows what ran where."""
     return KernelMode(State(fallback, include, exclude, timing, select))
