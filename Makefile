@@ -3,14 +3,14 @@
 PY ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= test,conformance,demo,dev,mpi
+EXTRAS ?= test,conformance,demo,dev,mpi,models
 BIN := $(VENV)/bin
 DEPS_STAMP := $(VENV)/.deps-installed
 EXT_STAMP := $(VENV)/.ext-built
 NATIVE_SRC := $(wildcard native/include/*.h native/src/*.c native/src/*.h native/src/*.inc) \
               ortcpu_torch/_native/build.py setup.py
 
-.PHONY: all test test-sanitize soak demo bench bench-optim bench-summary bench-rnn bench-distributed build lint readme clean
+.PHONY: all test test-sanitize test-slow soak demo bench bench-optim bench-summary bench-rnn bench-distributed build lint readme clean
 
 all: test
 
@@ -21,7 +21,7 @@ $(BIN)/python:
 $(DEPS_STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q setuptools wheel "cffi>=1.15" scipy-openblas32
-	$(BIN)/pip install -q --no-build-isolation -e ".[$(EXTRAS)]"
+	$(BIN)/pip install -q --no-build-isolation -e ".[$(EXTRAS)]" "$(TORCH_SPEC)"
 	touch $@
 	touch $(EXT_STAMP)
 
@@ -35,7 +35,8 @@ build: $(DEPS_STAMP)
 
 # The kernel tests run a second time on the build one ISA level below this CPU's best
 # (ORTCPU_ISA: an AVX-512 machine also tests the AVX2 code, an AVX2 one the baseline).
-KERNEL_TESTS ?= tests --ignore=tests/distributed --ignore=tests/test_soak.py
+KERNEL_TESTS ?= tests --ignore=tests/distributed --ignore=tests/test_soak.py \
+                --ignore=tests/graph --ignore=tests/models --ignore=tests/training
 
 test: $(EXT_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -51,7 +52,8 @@ test: $(EXT_STAMP)
 # alive until exit (LeakSanitizer would report those, not our code).
 SANITIZE_DIR ?= build/sanitize
 SANITIZE_TESTS ?= tests --ignore=tests/distributed --ignore=tests/test_soak.py \
-                  --ignore=tests/test_wrap.py --ignore=tests/test_summary_writer.py
+                  --ignore=tests/test_wrap.py --ignore=tests/test_summary_writer.py \
+                  --ignore=tests/graph --ignore=tests/models --ignore=tests/training
 # A report aborts the process (pytest's captured output would be lost): it goes to
 # $(SANITIZE_DIR)/report.<pid>, printed when the run fails.
 SANITIZE_LOG = $(abspath $(SANITIZE_DIR))/report
@@ -70,6 +72,10 @@ test-sanitize: $(EXT_STAMP)
 # 2,000 wrapped training steps per example model: memory must stay flat (tests/test_soak.py)
 soak: $(EXT_STAMP)
 	$(BIN)/python -m pytest tests/test_soak.py --soak -s $(PYTEST_ARGS)
+
+# the long-running tests (DDP with spawned processes)
+test-slow: $(EXT_STAMP)
+	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
 
 demo: $(EXT_STAMP)
 	$(BIN)/python examples/main_job.py

@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 # one-line wrapping (kept in a block of its own: other families add to the lists above)
-from ._wrap import (  # noqa: E402
+from .wrap import (  # noqa: E402
     FallbackError,
     FallbackWarning,
     kernels_enabled,

@@ -1,9 +1,7 @@
 """ortcpu_torch.wrap / optimize / unwrap / report / kernels_enabled.
 
 Models are compared wrapped vs an unwrapped deep copy of themselves (same initial
-weights). Tests for kernel families not yet in this build are skipped by guards on
-``ortcpu_torch.nn`` / ``ortcpu_torch.ops`` / ``ortcpu_torch.optim`` and activate when the
-family lands.
+weights).
 
 Tolerances (float32): one layer of ours differs from torch by a few ulp (see TOL32 in
 conftest); through a few Linear layers and a softmax that stays below ~1e-6 relative, so
@@ -15,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import importlib
 import io
 import math
 import pickle
@@ -36,7 +33,13 @@ from ortcpu_torch import (
     unwrap,
     wrap,
 )
-from ortcpu_torch._wrap import FUNCTIONALS, MODULES
+from ortcpu_torch.wrap.tables import FUNCTIONALS, MODULES
+
+# These tests check placement and call counts: every supported call runs on ours
+# (select="ours"); the default select="fastest" is tested in test_wrap_select.py.
+wrap = functools.partial(wrap, select="ours")
+optimize = functools.partial(optimize, select="ours")
+kernels_enabled = functools.partial(kernels_enabled, select="ours")
 
 ONN, OPS = ortcpu_torch.nn, ortcpu_torch.ops
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-6), torch.float64: dict(rtol=1e-10, atol=1e-12)}
@@ -49,25 +52,6 @@ def _one_thread():
     conftest restores the thread settings afterwards."""
     torch.set_num_threads(1)
     ortcpu_torch.set_num_threads(1)
-
-
-def _optim():
-    try:
-        return importlib.import_module("ortcpu_torch.optim")
-    except ModuleNotFoundError:
-        return None
-
-
-def needs_nn(*names):
-    missing = [n for n in names if not hasattr(ONN, n)]
-    return pytest.mark.skipif(bool(missing), reason=f"ortcpu_torch.nn lacks {missing} "
-                              "(family not merged yet)")
-
-
-def needs_ops(*names):
-    missing = [n for n in names if not hasattr(OPS, n)]
-    return pytest.mark.skipif(bool(missing), reason=f"ortcpu_torch.ops lacks {missing} "
-                              "(family not merged yet)")
 
 
 # ---- models ----------------------------------------------------------------------------
@@ -349,9 +333,9 @@ def test_unwrap_restores_original_types_and_objects():
     assert isinstance(model.act1, ONN.GELU)
 
 
-def test_fallback_sees_changes_made_after_wrapping(stand_ins):
+def test_fallback_sees_changes_made_after_wrapping():
     """Parameters re-assigned and config changed on the swapped module are what the torch
-    fallback uses (LayerNorm: the real counterpart or a stand-in)."""
+    fallback uses."""
     holder = wrap(nn.Sequential(nn.LayerNorm(4)), fallback="silent")
     ln = holder[0]
     ln.weight = nn.Parameter(torch.full((4,), 3.0, dtype=torch.float16))
@@ -386,7 +370,7 @@ def test_include_exclude():
     model = wrap(MLP(), exclude=["GELU"])
     assert type(model.act1) is nn.GELU and isinstance(model.act2, ONN.LeakyReLU)
     skipped = {d["name"]: d["reason"] for d in report(model, file=None).skipped}
-    assert skipped == {"act1": "excluded"}
+    assert list(skipped) == ["act1"] and skipped["act1"].startswith("excluded")
     model = wrap(MLP(), include=[nn.LeakyReLU])
     assert type(model.act1) is nn.GELU and type(model.softmax) is nn.Softmax
     assert isinstance(model.act2, ONN.LeakyReLU)
@@ -546,18 +530,14 @@ def test_report_content(capsys):
     assert text.strip() == str(rep).strip()
     assert "mlp.act1" in text and "torch.nn.GELU -> ortcpu_torch.nn.GELU  1 / 1" in text
     assert "fell back 1x: dtype float16 has no kernel" in text
-    assert rep.torch_only == {"Tanh": 1}
-    assert "Tanh x1" in text
+    assert rep.no_counterpart["torch.nn.Tanh"] == ["unused"]
+    assert "torch.nn.Tanh (unused)" in text
     assert "torch.nn.Linear -> ortcpu_torch.nn.Linear  1 / 1" in text
     assert set(rep.functionals_available) >= {"F.gelu", "torch.softmax", "F.log_softmax",
                                               "F.leaky_relu"}
     assert set(rep.functionals_available) | set(rep.functionals_missing) == \
         {e.name for e in FUNCTIONALS}
-    if _optim() is None or not hasattr(_optim(), "AdamW"):
-        assert rep.optimizer.startswith("torch.optim.AdamW kept")
-        assert "not available" in text
-    else:
-        assert rep.optimizer.startswith("torch.optim.AdamW replaced")
+    assert rep.optimizer.startswith("torch.optim.AdamW replaced")
 
 
 def test_kernels_enabled_standalone():
@@ -589,15 +569,10 @@ def test_optimize_keeps_or_replaces_optimizer():
     opt.step()
     m2, opt2 = optimize(model, opt)
     assert m2 is model and isinstance(model.act1, ONN.GELU)
-    optim = _optim()
-    if optim is None or not hasattr(optim, "AdamW"):
-        assert opt2 is opt
-        assert "not available" in report(model, file=None).optimizer
-    else:
-        assert isinstance(opt2, optim.AdamW)
-        assert [p for g in opt2.param_groups for p in g["params"]] == list(model.parameters())
-        for p in model.parameters():
-            assert torch.equal(opt2.state[p]["exp_avg"], opt.state[p]["exp_avg"])
+    assert isinstance(opt2, ortcpu_torch.optim.AdamW)
+    assert [p for g in opt2.param_groups for p in g["params"]] == list(model.parameters())
+    for p in model.parameters():
+        assert torch.equal(opt2.state[p]["exp_avg"], opt.state[p]["exp_avg"])
     sgd = torch.optim.SGD(model.parameters(), lr=0.1)
     assert optimize(model, sgd)[1] is not None
     rms = torch.optim.RMSprop(model.parameters())
@@ -605,8 +580,6 @@ def test_optimize_keeps_or_replaces_optimizer():
     assert "no ortcpu_torch counterpart" in report(model, file=None).optimizer
 
 
-@pytest.mark.skipif(_optim() is None or not hasattr(_optim(), "AdamW"),
-                    reason="ortcpu_torch.optim not merged yet")
 def test_optimize_training_continues_like_torch():
     model = MLP()
     ref = copy.deepcopy(model)
@@ -624,74 +597,7 @@ def test_optimize_training_continues_like_torch():
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
 
 
-@pytest.fixture
-def stand_in_optim(monkeypatch):
-    """A stand-in ``ortcpu_torch.optim`` (torch's optimizers under our names, with a
-    narrower AdamW signature) to exercise optimize()'s carry-over before issue 3 lands."""
-    import sys
-    import types
-
-    if _optim() is not None:
-        pytest.skip("the real ortcpu_torch.optim is tested above")
-
-    class AdamW(torch.optim.AdamW):
-        def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                     *, maximize=False):
-            super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                             maximize=maximize)
-
-    class SGD(torch.optim.SGD):
-        pass
-
-    mod = types.ModuleType("ortcpu_torch.optim")
-    mod.AdamW, mod.SGD = AdamW, SGD
-    monkeypatch.setitem(sys.modules, "ortcpu_torch.optim", mod)
-    return mod
-
-
-def test_optimize_carries_groups_and_state_with_stand_in(stand_in_optim):
-    model = MLP()
-    ref = copy.deepcopy(model)
-    groups = lambda m: [{"params": list(m.fc1.parameters()), "lr": 2e-2},  # noqa: E731
-                        {"params": [p for n, p in m.named_parameters()
-                                    if not n.startswith("fc1")], "weight_decay": 0.3}]
-    opt = torch.optim.AdamW(groups(model), lr=1e-2, fused=True)
-    opt_r = torch.optim.AdamW(groups(ref), lr=1e-2, fused=True)
-    sched = torch.optim.lr_scheduler.StepLR(opt, 3)  # sets initial_lr in the groups
-    batches = [mlp_data() for _ in range(8)]
-    for i, (x, y) in enumerate(batches):
-        if i == 4:
-            old_state = {p: dict(s) for p, s in opt.state.items()}
-            model, opt = optimize(model, opt)
-            assert isinstance(opt, stand_in_optim.AdamW)
-            assert [g["lr"] for g in opt.param_groups] == [2e-2, 1e-2]
-            assert [g["weight_decay"] for g in opt.param_groups] == [1e-2, 0.3]
-            assert opt.param_groups[0]["initial_lr"] == 2e-2
-            for p, s in old_state.items():
-                assert opt.state[p]["exp_avg"] is s["exp_avg"]
-            assert "replaced by ortcpu_torch.optim.AdamW" in report(model, file=None).optimizer
-        for m, o in ((model, opt), (ref, opt_r)):
-            o.zero_grad()
-            mlp_loss(m, x, y).backward()
-            o.step()
-    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
-        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
-    del sched
-
-
-def test_optimize_keeps_torch_for_settings_ours_lacks(stand_in_optim):
-    model = MLP()
-    opt = torch.optim.AdamW(model.parameters(), amsgrad=True)
-    assert optimize(model, opt)[1] is opt
-    assert "amsgrad=True is not supported" in report(model, file=None).optimizer
-    opt = torch.optim.Adam(model.parameters())
-    assert optimize(model, opt)[1] is opt  # the stand-in has no Adam
-    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    new = optimize(model, sgd)[1]
-    assert isinstance(new, stand_in_optim.SGD) and new.param_groups[0]["momentum"] == 0.9
-
-
-# ---- families not on main yet: activate when merged ------------------------------------
+# ---- every table entry -----------------------------------------------------------------
 
 
 def _module_cases():
@@ -700,6 +606,8 @@ def _module_cases():
     return {
         "GELU": (lambda: nn.GELU("tanh"), lambda: r(4, 7)),
         "LeakyReLU": (lambda: nn.LeakyReLU(0.3), lambda: r(4, 7)),
+        "SiLU": (lambda: nn.SiLU(), lambda: r(4, 7)),
+        "ReLU": (lambda: nn.ReLU(), lambda: r(4, 7)),
         "Softmax": (lambda: nn.Softmax(1), lambda: r(4, 7, 3)),
         "LogSoftmax": (lambda: nn.LogSoftmax(-1), lambda: r(4, 7)),
         "LayerNorm": (lambda: nn.LayerNorm(7), lambda: r(4, 5, 7)),
@@ -770,50 +678,9 @@ def _check_module_swap(name):
 
 @pytest.mark.parametrize("name", _TABLE_NAMES)
 def test_each_table_module_swaps_and_matches_torch(name):
-    if not hasattr(ONN, name):
-        pytest.skip(f"ortcpu_torch.nn.{name} not merged yet")
     _check_module_swap(name)
 
 
-@pytest.fixture
-def stand_ins(monkeypatch):
-    """Stand-in counterparts for the families not merged yet: plain subclasses of the torch
-    module (torch's constructor, parameters, caches -- LSTM's ``_flat_weights``). They
-    exercise the generic machinery now -- construction on the meta device from the
-    torch module's attributes (``bias`` as a bool for LayerNorm/Conv*), re-pointing
-    parameters and buffers, state_dict order -- without claiming anything about kernels."""
-    from ortcpu_torch import _wrap
-
-    created = {}
-    for e in MODULES:
-        if not hasattr(ONN, e.torch_name):
-            created[e.torch_name] = type(e.torch_name, (e.torch_cls,), {})
-            monkeypatch.setattr(ONN, e.torch_name, created[e.torch_name], raising=False)
-    monkeypatch.setattr(_wrap, "_WRAPPED", {})
-    return created
-
-
-@pytest.mark.parametrize("name", _TABLE_NAMES)
-def test_table_entry_machinery_with_stand_in_counterparts(name, stand_ins):
-    if name not in stand_ins:
-        pytest.skip(f"the real ortcpu_torch.nn.{name} is tested above")
-    _check_module_swap(name)
-
-
-def test_stand_in_with_other_parameter_names_is_refused(monkeypatch, stand_ins):
-    class LayerNorm(nn.Module):  # a counterpart that does not mirror torch's names
-        def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True):
-            super().__init__()
-            self.gamma = nn.Parameter(torch.ones(normalized_shape))
-
-    monkeypatch.setattr(ONN, "LayerNorm", LayerNorm)
-    with pytest.warns(FallbackWarning, match="parameters/buffers"):
-        holder = wrap(nn.Sequential(nn.LayerNorm(4)))
-    assert type(holder[0]) is nn.LayerNorm
-    assert "parameters/buffers" in report(holder, file=None).skipped[0]["reason"]
-
-
-@needs_nn("CrossEntropyLoss")
 def test_cross_entropy_module_swap():
     crit = nn.CrossEntropyLoss(label_smoothing=0.1)
     holder = nn.ModuleDict({"loss": crit})
@@ -840,33 +707,10 @@ _F_CASES = {
 
 @pytest.mark.parametrize("op", sorted(_F_CASES))
 def test_functional_routing_of_later_families(op):
-    if not hasattr(OPS, op):
-        pytest.skip(f"ortcpu_torch.ops.{op} not merged yet")
     fn, args = _F_CASES[op]()
     with kernels_enabled(fallback="error") as ctx:
         out = fn(*args)
     torch.testing.assert_close(out, fn(*args), rtol=1e-5, atol=1e-5)
-    assert report(ctx, file=None).functionals[0]["calls_ours"] == 1
-
-
-@pytest.mark.parametrize("op", sorted(_F_CASES))
-def test_functional_routing_machinery_with_stand_in_ops(op, monkeypatch):
-    """A stand-in op taking ``**kwargs`` receives torch's arguments by name (the binding
-    every FuncEntry relies on), without torch-only implementation arguments."""
-    if hasattr(OPS, op):
-        pytest.skip(f"the real ortcpu_torch.ops.{op} is tested above")
-    fn, args = _F_CASES[op]()
-    seen = []
-
-    def stand_in(**kwargs):
-        seen.append(sorted(kwargs))
-        return fn(**kwargs)
-
-    monkeypatch.setattr(OPS, op, stand_in, raising=False)
-    with kernels_enabled(fallback="error") as ctx:
-        out = fn(*args)
-    torch.testing.assert_close(out, fn(*args))
-    assert len(seen) == 1 and "input" in seen[0] and "_stacklevel" not in seen[0]
     assert report(ctx, file=None).functionals[0]["calls_ours"] == 1
 
 
@@ -922,11 +766,7 @@ class LSTMClassifier(nn.Module):
         return F.log_softmax(self.fc(self.norm(out[:, -1])), -1)
 
 
-@pytest.mark.parametrize("which", [
-    pytest.param("resnet", marks=needs_nn("Conv2d", "BatchNorm2d", "MaxPool2d",
-                                          "AdaptiveAvgPool2d", "Dropout")),
-    pytest.param("lstm", marks=needs_nn("LSTM", "LayerNorm")),
-])
+@pytest.mark.parametrize("which", ["resnet", "lstm"])
 def test_cnn_and_lstm_models_match_and_train(which):
     if which == "resnet":
         model, x = ResNetish(), torch.randn(4, 1, 8, 8)
@@ -953,7 +793,6 @@ def test_cnn_and_lstm_models_match_and_train(which):
     torch.testing.assert_close(torch.tensor(lw_), torch.tensor(lr_), rtol=1e-3, atol=1e-4)
 
 
-@needs_nn("LSTM")
 def test_unsupported_configuration_is_a_fallback():
     # LSTM with projections has no ORT kernel: torch keeps it, and wrap says so once per
     # the fallback policy (warn / error with the model untouched / silent)

@@ -32,6 +32,7 @@ BENCH_SECTIONS = {
     "rnn-benchmarks": ("rnn_tensor.md", "make bench-rnn"),
     "summary-benchmarks": ("summary.md", "make bench-summary"),
     "train-step-benchmarks": ("train_step.md", "python -m benchmarks.train_step"),
+    "models-benchmarks": ("models.md", "python -m benchmarks.models"),
     "gemm-peak": ("gemm_peak.md", "python -m benchmarks.gemm_peak"),
     "distributed-benchmarks": ("distributed.md", "make bench-distributed"),
 }

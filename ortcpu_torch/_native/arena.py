@@ -43,7 +43,24 @@ def empty(shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         raise MemoryError(f"ortcpu_torch arena: cannot allocate {nbytes} bytes")
     block = ffi.gc(raw, lib.ortcpu_arena_free, size=nbytes)
     arr = np.frombuffer(ffi.buffer(block, nbytes), dtype=np_dtype, count=numel)
-    return torch.from_numpy(arr).view(shape)
+    # shaped in NumPy, not with Tensor.view: an autograd.Function output that is a view
+    # (even of a tensor made inside forward) cannot be modified in place by the user
+    return torch.from_numpy(arr.reshape(shape))
+
+
+def reshaped(t: torch.Tensor, shape) -> torch.Tensor:
+    """The contiguous tensor ``t`` with a new shape, as a tensor of its own over the same
+    memory rather than a view of ``t``: what an ``autograd.Function`` returns, since
+    autograd refuses in-place ops on a Function output that is a view."""
+    shape = tuple(int(s) for s in shape)
+    if tuple(t.shape) == shape and t._base is None:
+        return t
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    out = torch.empty(0, dtype=t.dtype)
+    return out.set_(t.untyped_storage(), t.storage_offset(), shape, tuple(reversed(strides)))
 
 
 def empty_like(t: torch.Tensor) -> torch.Tensor:

@@ -38,6 +38,35 @@ class LeakyReLU(torch.nn.Module):
         return f"negative_slope={self.negative_slope}" + (", inplace=True" if self.inplace else "")
 
 
+class SiLU(torch.nn.Module):
+    """Drop-in for ``torch.nn.SiLU(inplace=False)`` (ORT QuickGelu with alpha 1);
+    ``inplace=True`` raises ValueError in forward (``wrap`` runs torch's instead)."""
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+        self.inplace = inplace
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return ops.silu(input, self.inplace)
+
+    def extra_repr(self) -> str:
+        return "inplace=True" if self.inplace else ""
+
+
+class ReLU(torch.nn.Module):
+    """Drop-in for ``torch.nn.ReLU(inplace=False)``."""
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+        self.inplace = inplace
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return ops.relu(input, self.inplace)
+
+    def extra_repr(self) -> str:
+        return "inplace=True" if self.inplace else ""
+
+
 def _legacy_softmax_dim(ndim: int) -> int:
     # torch.nn.Softmax(dim=None) picks this dim (and warns); kept for drop-in behaviour
     return 0 if ndim in (0, 1, 3) else 1

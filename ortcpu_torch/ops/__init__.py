@@ -1,10 +1,19 @@
 """Functional API: ``torch.autograd.Function``-backed ops with torch's signatures."""
 
-from .activations import bias_gelu, gelu, leaky_relu, log_softmax, quick_gelu, softmax
+from .activations import (
+    bias_gelu,
+    gelu,
+    leaky_relu,
+    log_softmax,
+    quick_gelu,
+    relu,
+    silu,
+    softmax,
+)
 from .batchnorm import batch_norm
 from .conv import conv1d, conv2d, conv3d
 from .dropout import dropout
-from .linear import linear, matmul
+from .linear import addmm, linear, matmul, scaled_dot_product_attention
 from .loss import cross_entropy
 from .norm import layer_norm, rms_norm
 from .pool import (
@@ -22,10 +31,11 @@ from .quant import fake_quantize
 from .rnn import gru_direction, lstm_direction
 from .tensor import embedding
 
-__all__ = ["gelu", "bias_gelu", "quick_gelu", "leaky_relu", "softmax", "log_softmax"]
+__all__ = ["gelu", "bias_gelu", "quick_gelu", "silu", "relu", "leaky_relu", "softmax",
+           "log_softmax"]
 __all__ += ["layer_norm", "rms_norm", "batch_norm", "cross_entropy", "dropout"]
 __all__ += ["conv1d", "conv2d", "conv3d", "max_pool1d", "max_pool2d", "max_pool3d",
             "avg_pool1d", "avg_pool2d", "avg_pool3d", "adaptive_avg_pool2d",
             "global_avg_pool", "global_max_pool"]
-__all__ += ["linear", "matmul"]
+__all__ += ["linear", "addmm", "matmul", "scaled_dot_product_attention"]
 __all__ += ["embedding", "fake_quantize", "lstm_direction", "gru_direction"]

@@ -86,7 +86,7 @@ def bias_gelu(input: torch.Tensor, bias: torch.Tensor, approximate: str = "none"
 
 
 class _Pointwise(torch.autograd.Function):
-    """QuickGelu / LeakyRelu: backward consumes the forward input X."""
+    """QuickGelu / LeakyRelu / Relu: backward consumes the forward input X."""
 
     @staticmethod
     def forward(ctx, x, op: str, alpha: float):
@@ -108,6 +108,52 @@ class _Pointwise(torch.autograd.Function):
 def quick_gelu(input: torch.Tensor, alpha: float = 1.702) -> torch.Tensor:
     """``input * sigmoid(alpha * input)`` (ORT QuickGelu)."""
     return _Pointwise.apply(input, "QuickGelu", K.float_attr("quick_gelu", "alpha", alpha))
+
+
+def silu(input: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+    """``input * sigmoid(input)`` like ``torch.nn.functional.silu`` (ORT QuickGelu with
+    alpha 1; backward QuickGeluGrad). ``inplace=True`` is not implemented (the backward
+    needs the input): ValueError, so ``wrap`` runs torch's."""
+    if bool_arg("silu", "inplace", inplace):
+        raise ValueError("silu: inplace=True is not implemented by ortcpu_torch (its backward "
+                         "needs the overwritten input)")
+    return _Pointwise.apply(input, "QuickGelu", 1.0)
+
+
+class _ReluInplace(torch.autograd.Function):
+    """In-place ReLU: the result overwrites the input (marked dirty); the backward's mask
+    Y > 0 is X > 0, so ReluGrad reads the output."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = K.act_forward("Relu", K.float_input("relu", "input", x))
+        x.copy_(y)
+        ctx.mark_dirty(x)
+        ctx.save_for_backward(x)
+        return x
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        return K.act_backward("ReluGrad", "Relu", dy, y, "Y")
+
+
+def relu(input: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+    """Like ``torch.nn.functional.relu`` (ONNX Relu, backward ReluGrad; NaN propagates);
+    ``inplace`` writes the result into ``input`` and returns it."""
+    if not bool_arg("relu", "inplace", inplace):
+        return _Pointwise.apply(input, "Relu", 0.0)
+    _check_inplace_leaf(input)
+    return _ReluInplace.apply(input)
+
+
+def _check_inplace_leaf(input) -> None:
+    if isinstance(input, torch.Tensor) and input.requires_grad and input.is_leaf \
+            and torch.is_grad_enabled():
+        # checked before anything is written, as torch does
+        raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "
+                           "operation.")
 
 
 class _LeakyReluInplace(torch.autograd.Function):
@@ -142,11 +188,7 @@ def leaky_relu(input: torch.Tensor, negative_slope: float = 0.01, inplace: bool 
     slope = K.float_attr("leaky_relu", "negative_slope", negative_slope)
     if not bool_arg("leaky_relu", "inplace", inplace):
         return _Pointwise.apply(input, "LeakyRelu", slope)
-    if isinstance(input, torch.Tensor) and input.requires_grad and input.is_leaf \
-            and torch.is_grad_enabled():
-        # checked before anything is written, as torch does
-        raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "
-                           "operation.")
+    _check_inplace_leaf(input)
     return _LeakyReluInplace.apply(input, slope)
 
 

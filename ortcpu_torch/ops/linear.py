@@ -1,6 +1,7 @@
 """GEMM front ends on OpenBLAS, only the gradients autograd asks for computed:
 
-- ``linear`` (``torch.nn.functional.linear``'s signature) on the Gemm kernel's core
+- ``linear`` (``torch.nn.functional.linear``'s signature; ``addmm`` for the [in, out]
+  weight layout of ``torch.addmm`` / Hugging Face's ``Conv1D``) on the Gemm kernel's core
   (``kernels.gemm.gemm``): forward ``Y = X·Wᵀ + b``; backward ``dX = dY·W``, ``dW = dYᵀ·X``
   and ``db`` = the column sums of dY (accumulated in double);
 - ``matmul`` (``torch.matmul`` for the shapes attention and MLP code use) on a batched
@@ -9,8 +10,11 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from .._native.arena import reshaped
 from ..kernels import gemm as KG
 from ..kernels import tensor as KT
 from ..kernels._checks import float_input, same_dtype
@@ -18,33 +22,39 @@ from .activations import once_differentiable
 
 
 class _Linear(torch.autograd.Function):
+    """``Y = X·Wᵀ + b`` (``w_in_out=False``: W is [out, in], torch.nn.Linear) or
+    ``Y = X·W + b`` (``w_in_out=True``: W is [in, out], ``torch.addmm`` / HF Conv1D)."""
+
     @staticmethod
-    def forward(ctx, x, weight, bias):
-        op = "linear"
+    def forward(ctx, x, weight, bias, w_in_out: bool = False, op: str = "linear"):
         x2 = float_input(op, "input", x.reshape(x.shape[:-1].numel(), x.shape[-1]))
         w = float_input(op, "weight", weight)
         same_dtype(op, "input", x2, "weight", w)
         if bias is not None:
             bias = float_input(op, "bias", bias)
             same_dtype(op, "input", x2, "bias", bias)
-        y = KG.gemm(x2, w, bias, trans_b=True, op=op)
+        y = KG.gemm(x2, w, bias, trans_b=not w_in_out, op=op)
         ctx.save_for_backward(x2, w)
-        ctx.x_shape, ctx.has_bias = x.shape, bias is not None
-        return y.view(*x.shape[:-1], w.shape[0])
+        ctx.x_shape, ctx.has_bias, ctx.w_in_out, ctx.op = x.shape, bias is not None, \
+            w_in_out, op
+        return reshaped(y, (*x.shape[:-1], y.shape[1]))
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
         x2, weight = ctx.saved_tensors
-        dy2 = dy.reshape(x2.shape[0], weight.shape[0]).contiguous()  # once, for both GEMMs
+        op, t = ctx.op, ctx.w_in_out
+        n_out = weight.shape[1] if t else weight.shape[0]
+        dy2 = dy.reshape(x2.shape[0], n_out).contiguous()  # once, for both GEMMs
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            dx = KG.gemm(dy2, weight, op="linear").view(ctx.x_shape)
+            dx = KG.gemm(dy2, weight, trans_b=t, op=op).view(ctx.x_shape)
         if ctx.needs_input_grad[1]:
-            dw = KG.gemm(dy2, x2, trans_a=True, op="linear")
+            dw = KG.gemm(x2, dy2, trans_a=True, op=op) if t else \
+                KG.gemm(dy2, x2, trans_a=True, op=op)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = KT.sum_axis(dy2, 0, "linear").view(weight.shape[0])
-        return dx, dw, db
+            db = KT.sum_axis(dy2, 0, op).view(n_out)
+        return dx, dw, db, None, None
 
 
 def linear(input: torch.Tensor, weight: torch.Tensor,
@@ -65,6 +75,29 @@ def linear(input: torch.Tensor, weight: torch.Tensor,
         raise ValueError(f"{op}: bias must have shape [{weight.shape[0]}], got "
                          f"{list(bias.shape)}")
     return _Linear.apply(input, weight, bias)
+
+
+def addmm(input: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta=1, alpha=1):
+    """Like ``torch.addmm`` with ``beta = alpha = 1`` and ``input`` a bias over the columns
+    ([n] or [1, n]): ``mat1 [m, k] · mat2 [k, n] + input``, the GEMM of Hugging Face's
+    ``Conv1D``; float32 or float64. Other ``beta``/``alpha`` or a full [m, n] ``input``
+    raise ValueError (``wrap`` then runs torch's)."""
+    op = "addmm"
+    for name, t in (("input", input), ("mat1", mat1), ("mat2", mat2)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if beta != 1 or alpha != 1:
+        raise ValueError(f"{op}: only beta=1 and alpha=1 are implemented, got beta={beta!r}, "
+                         f"alpha={alpha!r}")
+    if mat1.dim() != 2 or mat2.dim() != 2 or mat1.shape[1] != mat2.shape[0]:
+        raise ValueError(f"{op}: mat1 [m, k] and mat2 [k, n] expected, got "
+                         f"{list(mat1.shape)} and {list(mat2.shape)}")
+    n = mat2.shape[1]
+    if tuple(input.shape) not in ((n,), (1, n)):
+        raise ValueError(f"{op}: input must be a bias of shape [{n}] or [1, {n}], got "
+                         f"{list(input.shape)}")
+    y = _Linear.apply(mat1, mat2, input.reshape(n), True, op)
+    return y
 
 
 def _base(t: torch.Tensor, batch: int) -> tuple[torch.Tensor, bool]:
@@ -92,7 +125,7 @@ class _MatMul(torch.autograd.Function):
         y = KG.bmm("matmul", a3, b3, ta, tb)
         ctx.save_for_backward(a3, b3)
         ctx.ta, ctx.tb, ctx.a_shape, ctx.b_shape = ta, tb, a.shape, b.shape
-        return y.view(*a.shape[:-1], b.shape[-1])
+        return reshaped(y, (*a.shape[:-1], b.shape[-1]))
 
     @staticmethod
     @once_differentiable
@@ -124,3 +157,49 @@ def matmul(input: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     if input.shape[-1] != other.shape[-2]:
         raise ValueError(f"{op}: inner dims differ: {list(input.shape)} @ {list(other.shape)}")
     return _MatMul.apply(input, other)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False):
+    """Like ``torch.nn.functional.scaled_dot_product_attention`` for [..., L, E] query and
+    [..., S, E] key / [..., S, Ev] value, as our GEMMs around our softmax:
+    ``softmax(q·kᵀ·scale + mask)·v`` (``scale`` default 1/sqrt(E); ``is_causal``: the
+    upper triangle masked; ``attn_mask`` boolean (True = attend) or additive float,
+    broadcast to [..., L, S]; ``dropout_p`` applied to the attention weights with our
+    dropout; ``enable_gqa``: key/value heads (dim -3) repeated to the query's). The mask
+    and scale are applied by torch between the GEMMs (no fused kernel yet), so on small
+    shapes torch's fused CPU attention is usually faster: ``wrap``'s select decides."""
+    from .activations import softmax
+    from .dropout import dropout
+
+    op = "scaled_dot_product_attention"
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor) or t.dim() < 2:
+            raise ValueError(f"{op}: {name} must be a tensor of rank >= 2")
+    if is_causal and attn_mask is not None:
+        raise ValueError(f"{op}: attn_mask and is_causal cannot both be set")
+    if enable_gqa and query.dim() >= 3 and key.shape[-3] != query.shape[-3]:
+        rep = query.shape[-3] // key.shape[-3]
+        if rep * key.shape[-3] != query.shape[-3]:
+            raise ValueError(f"{op}: query heads {query.shape[-3]} are not a multiple of key "
+                             f"heads {key.shape[-3]}")
+        key = key.repeat_interleave(rep, dim=-3)
+        value = value.repeat_interleave(rep, dim=-3)
+    if query.shape[:-2] != key.shape[:-2] or key.shape[:-2] != value.shape[:-2]:
+        raise ValueError(f"{op}: batch dims differ: {list(query.shape)}, {list(key.shape)}, "
+                         f"{list(value.shape)} (broadcast batch dims are not implemented)")
+    s = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    scores = matmul(query, key.transpose(-2, -1)) * s
+    L, S = scores.shape[-2], scores.shape[-1]
+    if is_causal:
+        keep = torch.ones(L, S, dtype=torch.bool).tril()
+        scores = scores.masked_fill(~keep, float("-inf"))
+    elif attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        else:
+            scores = scores + attn_mask
+    p = softmax(scores, -1)
+    if dropout_p > 0.0:
+        p = dropout(p, dropout_p, True)
+    return matmul(p, value)

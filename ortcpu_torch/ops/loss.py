@@ -18,6 +18,7 @@ import math
 
 import torch
 
+from .._native.arena import reshaped
 from ..kernels import loss as K
 from .activations import once_differentiable
 
@@ -77,7 +78,7 @@ class _CrossEntropy(torch.autograd.Function):
         ctx.ignore_index, ctx.fused = ignore_index, fused
         if reduction == "none":
             out = r["loss"]
-            return out.view(out.shape[1:]) if unbatched else out
+            return reshaped(out, out.shape[1:]) if unbatched else out
         total = r["total"]
         if reduction == "mean":
             # torch: 0/0 = NaN when every target is ignored (ORT's registry op returns 0)

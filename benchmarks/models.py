@@ -1,0 +1,211 @@
+"""Training step of real model architectures, plain torch vs ``ortcpu_torch.optimize()``.
+
+GPT-2, BERT, Llama, ViT and ConvNeXt from small Hugging Face transformers configs, and
+ResNet/MobileNetV3-style networks written as torchvision writes them
+(``tests/models/torchvision_style.py``), random init, synthetic batches, AdamW. Each
+model is deep-copied for the two sides (same weights); the torch side runs
+``torch.optim.AdamW(fused=True)``, ours is ``optimize(model, AdamW)`` with the default
+``select="fastest"`` (its first steps measure; they are warm-up here). Steps alternate
+between the sides in rounds; the ratio is torch ms / ours ms of the medians (> 1: ours
+faster). Prints the CPU, its vector ISA and the load other processes put on the machine.
+
+    python -m benchmarks.models [--quick] [--threads 2] [name ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+import time
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+import ortcpu_torch
+
+from ._util import ForeignLoad, machine_info, openmp_runtimes, set_threads, write_results
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VOCAB, SEQ, BATCH = 1000, 64, 8
+
+
+def isa() -> str:
+    """The widest x86 vector extension the CPU reports (our kernels' and torch's paths
+    differ between AVX2-only and AVX-512 machines)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")),
+                         [])
+    except OSError:
+        return "unknown"
+    if "avx512f" in flags:
+        return "AVX-512"
+    return "AVX2" if "avx2" in flags else "no AVX2"
+
+
+def _tf():
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+def _lm(model):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
+    return model, lambda m: m(input_ids=ids, labels=ids).loss
+
+
+def _image(model, size=32, classes=10, hf=True):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 3, size, size, generator=g)
+    y = torch.randint(0, classes, (16,), generator=g)
+    if hf:
+        return model, lambda m: m(pixel_values=x, labels=y).loss
+    return model, lambda m: F.cross_entropy(m(x), y)
+
+
+def gpt2():
+    t = _tf()
+    return _lm(t.GPT2LMHeadModel(t.GPT2Config(
+        n_layer=2, n_head=4, n_embd=128, vocab_size=VOCAB, n_positions=SEQ, bos_token_id=0,
+        eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)))
+
+
+def bert():
+    t = _tf()
+    return _lm(t.BertForMaskedLM(t.BertConfig(
+        vocab_size=VOCAB, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=512, max_position_embeddings=SEQ, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0)))
+
+
+def llama():
+    t = _tf()
+    return _lm(t.LlamaForCausalLM(t.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ,
+        bos_token_id=0, eos_token_id=0)))
+
+
+def vit():
+    t = _tf()
+    return _image(t.ViTForImageClassification(t.ViTConfig(
+        image_size=32, patch_size=4, hidden_size=128, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=512, num_labels=10,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)))
+
+
+def convnext():
+    t = _tf()
+    return _image(t.ConvNextForImageClassification(t.ConvNextConfig(
+        hidden_sizes=[32, 64], depths=[2, 2], num_stages=2, image_size=32, num_labels=10)))
+
+
+def _tv():
+    sys.path.insert(0, ROOT)
+    from tests.models import torchvision_style
+
+    return torchvision_style
+
+
+def resnet():
+    return _image(_tv().ResNetTiny(classes=10, width=16), hf=False)
+
+
+def mobilenet_v3():
+    return _image(_tv().MobileNetV3Tiny(classes=10, width=16), hf=False)
+
+
+MODELS = {f.__name__: f for f in (gpt2, bert, llama, vit, convnext, resnet, mobilenet_v3)}
+
+
+def _step(model, opt, loss_fn):
+    opt.zero_grad(set_to_none=True)
+    loss_fn(model).backward()
+    opt.step()
+
+
+def run(name: str, rounds: int, steps: int, warmup: int) -> dict:
+    torch.manual_seed(0)
+    base, loss_fn = MODELS[name]()
+    sides = {"torch": copy.deepcopy(base), "ours": copy.deepcopy(base)}
+    opts = {"torch": torch.optim.AdamW(sides["torch"].parameters(), lr=1e-3, fused=True)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sides["ours"], opts["ours"] = ortcpu_torch.optimize(
+            sides["ours"], torch.optim.AdamW(sides["ours"].parameters(), lr=1e-3),
+            fallback="silent")
+    for side in sides:
+        for _ in range(warmup):
+            _step(sides[side], opts[side], loss_fn)
+    times = {"torch": [], "ours": []}
+    for r in range(rounds):
+        order = ("torch", "ours") if r % 2 == 0 else ("ours", "torch")
+        for side in order:
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                _step(sides[side], opts[side], loss_fn)
+                times[side].append(time.perf_counter() - t0)
+    t_ms = statistics.median(times["torch"]) * 1e3
+    o_ms = statistics.median(times["ours"]) * 1e3
+    rep = ortcpu_torch.report(sides["ours"], file=None)
+    return {"model": name, "torch_ms": round(t_ms, 3), "ours_ms": round(o_ms, 3),
+            "ratio": round(t_ms / o_ms, 3),
+            "swapped": len(rep.modules),
+            "signatures_on_torch": sum(c["side"] == "torch" for c in rep.choices.values()),
+            "signatures": len(rep.choices)}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="fewer rounds and steps")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("names", nargs="*", help=f"a subset of {', '.join(MODELS)}")
+    args = p.parse_args(argv)
+    names = args.names or list(MODELS)
+    bad = [n for n in names if n not in MODELS]
+    if bad:
+        raise SystemExit(f"unknown model(s) {bad}; choose from {', '.join(MODELS)}")
+    rounds, steps, warmup = (2, 3, 3) if args.quick else (4, 5, 4)
+    set_threads(args.threads)
+    load = ForeignLoad()
+    machine = machine_info()
+    machine["isa"] = isa()
+    print(f"{machine['cpu']} ({machine['isa']}), {machine['cpus']} CPUs, {args.threads} "
+          f"threads, torch {machine['torch']}, load average {machine['loadavg']}, OpenMP "
+          f"runtimes: {', '.join(os.path.basename(r) for r in openmp_runtimes())}")
+    print(f"{rounds} rounds x {steps} steps per side (alternating), after {warmup} warm-up\n")
+    print(f"{'model':<14} {'torch ms':>9} {'ours ms':>9} {'ratio':>7}  signatures on torch")
+    rows = []
+    for n in names:
+        row = run(n, rounds, steps, warmup)
+        rows.append(row)
+        print(f"{n:<14} {row['torch_ms']:>9.2f} {row['ours_ms']:>9.2f} {row['ratio']:>6.2f}x"
+              f"  {row['signatures_on_torch']}/{row['signatures']}", flush=True)
+    fl = load.report()
+    machine["foreign_load"] = fl
+    print(f"\nother processes used {100 * fl['foreign_share']:.1f}% of the machine's CPU time "
+          f"({fl['foreign_cpu_s']} CPU-s in {fl['wall_s']} s): ratios on a loaded machine")
+    md = [f"Training step (forward + backward + AdamW), {args.threads} threads, "
+          f"{machine['cpu']} ({machine['isa']}), torch {machine['torch']}; ratio = torch ms / "
+          f"ours ms (> 1: ours faster); other processes used "
+          f"{100 * fl['foreign_share']:.0f}% of the CPU during the run.", "",
+          "| model | torch ms | ours ms | ratio | signatures run on torch |",
+          "|---|---:|---:|---:|---:|"]
+    md += [f"| {r['model']} | {r['torch_ms']:.2f} | {r['ours_ms']:.2f} | {r['ratio']:.2f}x | "
+           f"{r['signatures_on_torch']}/{r['signatures']} |" for r in rows]
+    if not args.names and not args.quick:
+        write_results("models", {"machine": machine, "threads": args.threads,
+                                 "rounds": rounds, "steps": steps, "rows": rows},
+                      "\n".join(md) + "\n")
+    else:
+        print("\n" + "\n".join(md))
+
+
+if __name__ == "__main__":
+    main()

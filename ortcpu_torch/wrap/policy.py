@@ -1,0 +1,255 @@
+"""Fallback policy and per-wrap bookkeeping: what may run on our kernels (support checks),
+what one ``wrap()`` decided and counted (``State``), and how a fallback is announced
+(warn once per kind and reason, raise, or stay silent)."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import sys
+import threading
+import warnings
+
+import torch
+
+POLICIES = ("warn", "error", "silent")
+FLOATS = (torch.float32, torch.float64)
+STATE_ATTR = "_ortcpu_wrap_state"  # on the root module
+INFO_ATTR = "_ortcpu_swap"  # on each swapped submodule
+
+
+class FallbackWarning(UserWarning):
+    """Something in a wrapped model ran on torch instead of ortcpu_torch kernels."""
+
+
+class FallbackError(RuntimeError):
+    """Raised instead of falling back when ``fallback="error"``."""
+
+
+class Unsupported(Exception):
+    """Internal: this call cannot run on our kernels; ``args[0]`` is the reason."""
+
+
+
+#: dtypes a plain CPU tensor may have without disqualifying a call
+_OK_DTYPES = frozenset((*FLOATS, torch.int64, torch.int32, torch.int16, torch.int8,
+                        torch.uint8, torch.bool))
+PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def tensor_reason(t: torch.Tensor) -> str | None:
+    # the common case in a few attribute reads (this runs for every tensor of every call)
+    if type(t) in PLAIN_TYPES and t.is_cpu and t.layout is torch.strided \
+            and t.dtype in _OK_DTYPES:
+        return None
+    if t.device.type != "cpu":
+        return f"{t.device.type} tensor"
+    if t.layout != torch.strided:
+        return f"{str(t.layout).replace('torch.', '')} tensor"
+    if (t.is_floating_point() or t.is_complex()) and t.dtype not in FLOATS:
+        return f"dtype {str(t.dtype).replace('torch.', '')} has no kernel"
+    if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+        return f"tensor subclass {type(t).__name__}"
+    return None
+
+
+def values_reason(values) -> str | None:
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            r = tensor_reason(v)
+        elif isinstance(v, (list, tuple)):
+            r = values_reason(v)
+        else:
+            continue
+        if r is not None:
+            return r
+    return None
+
+
+def context_reason() -> str | None:
+    if torch.jit.is_scripting() or torch.jit.is_tracing():
+        return "TorchScript tracing/scripting"
+    if torch.compiler.is_compiling():
+        return "torch.compile tracing"
+    if torch.is_autocast_enabled("cpu"):
+        return "CPU autocast is active"
+    return None
+
+
+_DIGITS = re.compile(r"\d+")
+
+
+def exc_reason(op: str, e: Exception) -> str:
+    return f"ortcpu_torch.{op} rejected the arguments: {e}"
+
+
+def _reason_key(reason: str) -> str:
+    # one warning per reason *kind*: shapes and sizes in the message do not make it new
+    return _DIGITS.sub("N", reason)
+
+
+
+# ---- per-wrap state --------------------------------------------------------------------
+
+CHOSE_TORCH = "torch measured faster for this input signature (select='fastest')"
+
+
+class Stats:
+    """Calls of one swapped module or routed functional: on ours, on torch (and why)."""
+
+    __slots__ = ("ours", "torch", "reasons")
+
+    def __init__(self):
+        self.ours = 0
+        self.torch = 0
+        self.reasons: dict[str, list] = {}  # reason key -> [first message, count]
+
+    def chose_torch(self) -> None:
+        """Count one call run on torch because torch measured faster (not a fallback)."""
+        self.torch += 1
+        r = self.reasons.get(CHOSE_TORCH)
+        if r is None:
+            self.reasons[CHOSE_TORCH] = [CHOSE_TORCH, 1]
+        else:
+            r[1] += 1
+
+    def fallback(self, reason: str) -> bool:
+        """Count one fallback; True when this reason is new for this entry."""
+        self.torch += 1
+        k = _reason_key(reason)
+        r = self.reasons.get(k)
+        if r is None:
+            self.reasons[k] = [reason, 1]
+            return True
+        r[1] += 1
+        return False
+
+    def __getstate__(self):
+        return (self.ours, self.torch, self.reasons)
+
+    def __setstate__(self, s):
+        self.ours, self.torch, self.reasons = s
+
+
+def matches(patterns, *names) -> bool:
+    """Whether one of ``patterns`` (classes, or fnmatch patterns for strings) matches one
+    of ``names``."""
+    for p in patterns:
+        if isinstance(p, type):
+            if any(n is p for n in names):
+                return True
+        elif isinstance(p, str):
+            if any(isinstance(n, str) and fnmatch.fnmatchcase(n, p) for n in names):
+                return True
+        else:
+            raise TypeError("wrap: include/exclude entries must be str or torch.nn.Module "
+                            f"classes, got {type(p).__name__}")
+    return False
+
+
+SIDES = ("ours", "torch")
+
+
+class State:
+    """What one ``wrap()`` (or one ``kernels_enabled()``) decided and counted. Lives on the
+    root module; picklable (the per-thread stacks of active modes and module scopes are
+    not saved).
+
+    Scopes: while a module that ``exclude`` names runs, everything inside it stays on
+    torch (scope ``False``); while a module that ``include`` names runs, every functional
+    inside it is routed (scope ``True``); elsewhere a functional is routed when its own
+    name is selected."""
+
+    def __init__(self, fallback: str, include=None, exclude=None, timing: bool = False,
+                 select="fastest"):
+        from .select import check_select
+
+        if fallback not in POLICIES:
+            raise ValueError(f"wrap: fallback must be one of {POLICIES}, got {fallback!r}")
+        for n, v in (("include", include), ("exclude", exclude)):
+            if v is not None and (isinstance(v, (str, type)) or not hasattr(v, "__iter__")):
+                raise TypeError(f"wrap: {n} must be a list of names or classes, got {v!r}")
+        self.fallback = fallback
+        self.include = None if include is None else list(include)
+        self.exclude = list(exclude or ())
+        matches(self.include or (), "")  # type-check the patterns now
+        matches(self.exclude, "")
+        self.modules: dict[str, dict] = {}  # qualname -> {"type", "ours", "stats"}
+        self.skipped: list[tuple[str, str, str]] = []  # (qualname, class path, reason)
+        self.funcs: dict[str, Stats] = {}  # routed functional name -> calls
+        # torch functions that ran on torch, by (function name, calling module class path)
+        self.torch_calls: dict[tuple[str, str], int] = {}
+        self.warned: set = set()
+        self.optimizer: str | None = None
+        self.no_counterpart: dict[str, list] = {}  # class path -> qualnames (run on torch)
+        self.func_selected: dict[str, bool] = {}  # functional name -> include/exclude says
+        self.compiled = False  # traced by torch.compile at least once
+        self.timing = bool(timing)
+        # select: "fastest" | "ours"; choices: readable signature -> {"side", timings};
+        # sides: the same choices by a cheap tuple key (rebuilt after unpickling)
+        self.select, self.choices = check_select(select)
+        self.sides: dict = {}
+        self.times = {"forward": dict.fromkeys(SIDES, 0), "backward": dict.fromkeys(SIDES, 0)}
+        self._local = threading.local()
+
+    def __getstate__(self):
+        d = dict(self.__dict__)
+        d.pop("_local", None)
+        d["sides"] = {}
+        return d
+
+    def __setstate__(self, d):
+        self.__dict__.update(d)
+        self._local = threading.local()
+
+    @property
+    def modes(self) -> list:
+        m = getattr(self._local, "modes", None)
+        if m is None:
+            m = self._local.modes = []
+        return m
+
+    @property
+    def scopes(self) -> list:
+        s = getattr(self._local, "scopes", None)
+        if s is None:
+            s = self._local.scopes = []
+        return s
+
+    def scope(self):
+        """``False`` inside an excluded module (or a fallback to torch's forward),
+        ``True`` inside an included one, else None."""
+        s = getattr(self._local, "scopes", None)
+        return s[-1] if s else None
+
+    def selected(self, *names) -> bool:
+        if self.include is not None and not matches(self.include, *names):
+            return False
+        return not matches(self.exclude, *names)
+
+    def fell_back(self, what: str, kind: str, stats: Stats, reason: str) -> None:
+        new = stats.fallback(reason)
+        if self.fallback == "error":
+            raise FallbackError(f"ortcpu_torch.wrap: {what} cannot run on ortcpu_torch "
+                                f"kernels: {reason} (fallback='error')")
+        if self.fallback == "warn":
+            key = (kind, _reason_key(reason))
+            if new and key not in self.warned:
+                self.warned.add(key)
+                warnings.warn(f"ortcpu_torch.wrap: {kind} falls back to torch: {reason}. "
+                              "(Warned once per type and reason; fallback='silent' hides "
+                              "this, ortcpu_torch.report(model) counts it.)",
+                              FallbackWarning, stacklevel=user_stacklevel())
+
+
+PACKAGE_DIR = __file__.rsplit("/", 2)[0] + "/"  # ortcpu_torch/
+INTERNAL_DIRS = (PACKAGE_DIR, torch.__file__.rsplit("/", 1)[0] + "/")
+
+
+def user_stacklevel() -> int:
+    """stacklevel for warnings.warn pointing at the first frame outside torch and
+    ortcpu_torch: the user's line that called the model (or the functional)."""
+    f, level = sys._getframe(1), 1
+    while f is not None and f.f_code.co_filename.startswith(INTERNAL_DIRS):
+        f, level = f.f_back, level + 1
+    return level

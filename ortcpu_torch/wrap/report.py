@@ -1,0 +1,214 @@
+"""``report()``: what ran where in a wrapped model. Every module is accounted for
+(swapped for ours, left on torch with the reason, excluded, or without a counterpart),
+every routed functional (calls on ours / on torch and why), every other torch function
+the forward called (by calling module class, with the reason it ran on torch), and, with
+timing on, the share of forward and backward time on each side."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from .policy import CHOSE_TORCH, STATE_ATTR, Stats
+from .routing import KernelMode
+from .tables import FUNCTIONALS
+
+# torch functions that move no data or only make views: counted, reported as one line
+_METADATA = frozenset("""
+Tensor.size Tensor.dim Tensor.stride Tensor.numel Tensor.view Tensor.view_as Tensor.reshape
+Tensor.reshape_as Tensor.permute Tensor.transpose Tensor.t Tensor.unsqueeze Tensor.squeeze
+Tensor.expand Tensor.expand_as Tensor.flatten Tensor.unflatten Tensor.split Tensor.chunk
+Tensor.unbind Tensor.narrow Tensor.__getitem__ Tensor.is_floating_point Tensor.is_complex
+Tensor.contiguous Tensor.is_contiguous Tensor.detach Tensor.requires_grad_ Tensor.__len__
+Tensor.__bool__ Tensor.__index__ Tensor.__int__ Tensor.__float__ Tensor.item Tensor.tolist
+Tensor.data_ptr Tensor.element_size Tensor.type Tensor.get_device Tensor.untyped_storage
+Tensor.storage_offset Tensor.has_names Tensor.is_nested Tensor.__hash__ Tensor.movedim
+torch.split torch.chunk torch.unbind torch.flatten torch.transpose torch.permute
+torch.reshape torch.squeeze torch.unsqueeze torch.narrow torch.is_floating_point
+torch.is_complex torch.is_tensor torch.numel torch.broadcast_shapes torch.broadcast_to
+torch.Size torch.finfo torch.iinfo torch.is_grad_enabled torch.get_default_dtype
+""".split())
+
+
+def _is_metadata(name: str) -> bool:
+    # property getters (Tensor.shape, .dtype, .device, .requires_grad, ...) and the views
+    return name in _METADATA or name.endswith(".__get__") or name.endswith(".__set__")
+
+
+@dataclass
+class Report:
+    """What ``report()`` found; ``str(report)`` is the printed text.
+
+    ``modules``: swapped modules (dicts: name, type, ours, calls_ours, calls_torch,
+    reasons). ``skipped``: modules left on torch with the reason (name, type, reason).
+    ``no_counterpart``: class path -> qualified names of the modules ortcpu_torch has
+    nothing for (their forward's own code runs on torch; what it calls is in
+    ``torch_functions``). ``functionals``: routed functionals (name, calls_ours,
+    calls_torch, reasons). ``torch_functions``: every other torch function the forward
+    called (name, calls, reason, modules: calling module class paths), views and metadata
+    reads included (``metadata``: True). ``timing``: None, or ms per side and phase.
+    ``selection``: the side chosen per input signature under ``select="fastest"``
+    (``wrap(model, select=report.selection)`` replays it); ``choices`` adds the timings."""
+
+    fallback: str
+    modules: list
+    skipped: list
+    no_counterpart: dict
+    functionals: list
+    torch_functions: list
+    functionals_available: list  # names routable in this build
+    functionals_missing: list  # names whose op is not in this build
+    optimizer: str | None
+    timing: dict | None = None
+    selection: dict | None = None  # signature -> "ours" | "torch" (wrap(select=...))
+    choices: dict | None = None  # signature -> {"side", "ours_ms", "torch_ms"}
+    text: str = ""
+
+    def __str__(self) -> str:
+        return self.text
+
+    @property
+    def torch_side(self) -> set:
+        """Names of everything that ran on torch: class paths of modules (left on torch,
+        without counterpart) and names of functions (with at least one torch call)."""
+        out = {d["type"] for d in self.skipped} | set(self.no_counterpart)
+        out |= {d["name"] for d in self.torch_functions}
+        out |= {d["name"] for d in self.functionals if d["calls_torch"]}
+        out |= {d["type"] for d in self.modules if d["calls_torch"]}
+        return out
+
+
+def _reasons(stats: Stats) -> dict:
+    return {msg: n for msg, n in stats.reasons.values()}
+
+
+def _names(names: list, k: int = 3) -> str:
+    if len(names) == 1:
+        return names[0]
+    return f"{len(names)}x: {', '.join(names[:k])}{', ...' if len(names) > k else ''}"
+
+
+def _torch_functions(state) -> list:
+    by: dict[tuple, dict] = {}
+    for (name, where, why), n in state.torch_calls.items():
+        d = by.setdefault((name, why), {"name": name, "calls": 0, "reason": why,
+                                        "modules": [], "metadata": _is_metadata(name)})
+        d["calls"] += n
+        if where not in d["modules"]:
+            d["modules"].append(where)
+    return sorted(by.values(), key=lambda d: (d["metadata"], -d["calls"], d["name"]))
+
+
+def _timing(state) -> dict:
+    t = state.times
+    ms = {ph: {s: v / 1e6 for s, v in t[ph].items()} for ph in t}
+    tot = {s: ms["forward"][s] + ms["backward"][s] for s in ("ours", "torch")}
+    ms["total"] = tot
+    all_ms = tot["ours"] + tot["torch"]
+    ms["ours_share"] = tot["ours"] / all_ms if all_ms else 0.0
+    return ms
+
+
+def report(model, file="stdout", timing: bool = False) -> Report:
+    """Print (to ``file``, default ``sys.stdout``; None: do not print) and return what ran
+    where in a wrapped ``model`` (or a ``kernels_enabled()`` context): the modules swapped
+    for ours, the modules left on torch and why, the routed functionals (calls on ours /
+    on torch and why), every other torch function its forward called (by calling module
+    class), and what happened to the optimizer.
+
+    ``timing=True``: also the forward and backward time on each side, measured since
+    timing was turned on (``wrap(..., timing=True)``); if it was off, it is turned on now
+    and the next report has the figures."""
+    if isinstance(model, KernelMode):
+        state = model.state
+    else:
+        state = getattr(model, "__dict__", {}).get(STATE_ATTR)
+        if state is None:
+            raise ValueError("report: this model is not wrapped (call ortcpu_torch.wrap or "
+                             "ortcpu_torch.optimize first)")
+    mods = [{"name": q, "type": d["type"], "ours": f"ortcpu_torch.nn.{d['ours'].__name__}",
+             "calls_ours": d["stats"].ours, "calls_torch": d["stats"].torch,
+             "reasons": _reasons(d["stats"])} for q, d in state.modules.items()]
+    skipped = [{"name": q, "type": t, "reason": r} for q, t, r in state.skipped]
+    funcs = [{"name": n, "calls_ours": s.ours, "calls_torch": s.torch, "reasons": _reasons(s)}
+             for n, s in state.funcs.items()]
+    tfuncs = _torch_functions(state)
+    avail = [e.name for e in FUNCTIONALS if e.ours() is not None]
+    missing = [e.name for e in FUNCTIONALS if e.ours() is None]
+    lines = [f"ortcpu_torch.wrap report (fallback={state.fallback!r})"]
+    if mods:
+        lines.append("modules swapped for ortcpu_torch.nn counterparts (calls: ours / torch):")
+        for d in mods:
+            lines.append(f"  {d['name']:<28} {d['type']} -> {d['ours']}  "
+                         f"{d['calls_ours']} / {d['calls_torch']}")
+            lines.extend(f"      {'on torch' if msg == CHOSE_TORCH else 'fell back'} {n}x: "
+                         f"{msg}" for msg, n in d["reasons"].items())
+    elif not isinstance(model, KernelMode):
+        lines.append("modules swapped: none")
+    if skipped:
+        lines.append("modules left on torch:")
+        grouped: dict[tuple, list] = {}
+        for d in skipped:
+            grouped.setdefault((d["type"], d["reason"]), []).append(d["name"] or "(root)")
+        for (t, r), names in grouped.items():
+            lines.append(f"  {t} ({_names(names)}): {r}")
+    if state.no_counterpart:
+        lines.append("modules with no ortcpu_torch counterpart (their own code runs on torch; "
+                     "the torch functions they call are listed below):")
+        for path, names in sorted(state.no_counterpart.items()):
+            lines.append(f"  {path} ({_names(names)})")
+    if funcs:
+        lines.append("functionals routed to ortcpu_torch.ops (calls: ours / torch):")
+        for d in funcs:
+            lines.append(f"  {d['name']:<28} {d['calls_ours']} / {d['calls_torch']}")
+            lines.extend(f"      on torch {n}x: {msg}" for msg, n in d["reasons"].items())
+    else:
+        lines.append("functionals routed during forward: none called so far")
+    compute = [d for d in tfuncs if not d["metadata"]]
+    meta = [d for d in tfuncs if d["metadata"]]
+    if compute:
+        lines.append("torch functions that ran on torch (calls; reason; called from):")
+        for d in compute:
+            lines.append(f"  {d['name']:<28} {d['calls']}; {d['reason']}; "
+                         f"{', '.join(d['modules'][:3])}"
+                         f"{', ...' if len(d['modules']) > 3 else ''}")
+    if meta:
+        names = sorted({d["name"] for d in meta})
+        lines.append(f"views and metadata reads on torch (no arithmetic): "
+                     f"{sum(d['calls'] for d in meta)} calls of {len(names)} functions "
+                     f"({', '.join(names[:6])}{', ...' if len(names) > 6 else ''})")
+    lines.append("functionals routable in this build: " + (", ".join(avail) or "none"))
+    if missing:
+        lines.append("not yet in this build (run on torch): " + ", ".join(missing))
+    if state.optimizer is not None:
+        lines.append(f"optimizer: {state.optimizer}")
+    if state.choices:
+        n_t = sum(c["side"] == "torch" for c in state.choices.values())
+        lines.append(f"select={state.select!r}: {len(state.choices)} signatures measured, "
+                     f"{n_t} run on torch (forward+backward ms ours / torch):")
+        for k, c in state.choices.items():
+            ms = "given" if c["ours_ms"] is None else f"{c['ours_ms']:.3f} / {c['torch_ms']:.3f}"
+            lines.append(f"  {c['side']:<5} {ms:<18} {k}")
+    else:
+        lines.append(f"select={state.select!r}")
+    lines.append("under torch.compile the compiled graph is torch's; calls in it are not "
+                 "counted here")
+    tim = None
+    if timing:
+        if not state.timing:
+            state.timing = True
+            lines.append("timing: was off, on from now (report again after some steps)")
+        else:
+            tim = _timing(state)
+            lines.append("time (ms) on ours / torch: forward {:.2f} / {:.2f}, backward "
+                         "{:.2f} / {:.2f}; ours {:.0%} of forward+backward".format(
+                             tim["forward"]["ours"], tim["forward"]["torch"],
+                             tim["backward"]["ours"], tim["backward"]["torch"],
+                             tim["ours_share"]))
+    rep = Report(state.fallback, mods, skipped, dict(state.no_counterpart), funcs, tfuncs,
+                 avail, missing, state.optimizer, tim,
+                 {k: c["side"] for k, c in state.choices.items()},
+                 {k: dict(c) for k, c in state.choices.items()}, "\n".join(lines))
+    if file is not None:
+        print(rep.text, file=sys.stdout if file == "stdout" else file)
+    return rep

@@ -1,0 +1,248 @@
+"""Functional routing: while the wrapped model's ``forward`` runs, a
+``torch.overrides.TorchFunctionMode`` (entered by a forward pre-hook on the root module,
+left by an always-called forward hook) sends ``F.gelu``, ``torch.softmax``, ... to the
+``ortcpu_torch.ops`` function of the same name (looked up lazily, so an entry activates as
+soon as its kernel family exists), and counts every other torch function by the module
+class whose ``forward`` called it, so ``report()`` can say what ran on torch.
+Standalone: ``with ortcpu_torch.kernels_enabled():``."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from .policy import State, Stats, Unsupported, context_reason, exc_reason, values_reason
+from .select import choose
+from .tables import BY_FUNC, IGNORED_ARGS, NO_DEFAULT, FuncEntry, class_path
+from .timing import timed
+
+
+def ours_call(entry: FuncEntry, ours, args, kwargs):
+    """Bind torch's arguments and call our op with those it takes (by name)."""
+    bound = {}
+    names = entry.params
+    if len(args) > len(names):
+        raise Unsupported(f"{entry.name}: {len(args)} positional arguments")
+    for (n, _), v in zip(names, args, strict=False):
+        bound[n] = v
+    for k, v in kwargs.items():
+        if k in bound:
+            raise Unsupported(f"{entry.name}: argument {k} given twice")
+        bound[k] = v
+    r = values_reason(bound.values())
+    if r is not None:
+        raise Unsupported(r)
+    accepted = accepted_names(ours)
+    call = {}
+    defaults = dict(names)
+    for k, v in bound.items():
+        if k in IGNORED_ARGS:
+            continue
+        if accepted is None or k in accepted:
+            call[k] = v
+            continue
+        d = defaults.get(k, NO_DEFAULT)
+        if d is NO_DEFAULT or not (v is d or (not isinstance(v, torch.Tensor) and v == d)):
+            raise Unsupported(f"argument {k}={v!r} is not implemented by "
+                              f"ortcpu_torch.ops.{entry.op}")
+    return ours(**call)
+
+
+_ACCEPTED: dict = {}
+
+
+def accepted_names(fn) -> frozenset | None:
+    """Parameter names ``fn`` takes by keyword; None if it takes ``**kwargs``."""
+    try:
+        return _ACCEPTED[fn]
+    except KeyError:
+        pass
+    ps = inspect.signature(fn).parameters.values()
+    acc = None if any(p.kind is p.VAR_KEYWORD for p in ps) else frozenset(
+        p.name for p in ps if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    _ACCEPTED[fn] = acc
+    return acc
+
+
+# ---- naming what ran on torch ----------------------------------------------------------
+
+_NAMES: dict = {}  # torch callable -> display name
+_SHORT = (("torch.nn.functional.", "F."), ("torch._C._nn.", "F."),
+          ("torch._C.TensorBase.", "Tensor."), ("torch.Tensor.", "Tensor."))
+
+
+def func_name(func) -> str:
+    """``F.scaled_dot_product_attention``, ``torch.addmm``, ``Tensor.add`` ..."""
+    try:
+        return _NAMES[func]
+    except (KeyError, TypeError):
+        pass
+    try:
+        n = torch.overrides.resolve_name(func)
+    except Exception:  # noqa: BLE001 - any callable torch hands us; the name is cosmetic
+        n = None
+    if not n:
+        n = getattr(func, "__qualname__", None) or repr(func)
+    for long, short in _SHORT:
+        if n.startswith(long):
+            n = short + n[len(long):]
+            break
+    try:
+        _NAMES[func] = n
+    except TypeError:
+        pass
+    return n
+
+
+_OWNER: dict = {}  # code object of a forward -> class path of its module ("" if none)
+_SHARED = object()  # a forward inherited by several classes: look at `self` every time
+OUTSIDE = "(no module: called outside any module's forward)"
+
+
+def calling_module(frame) -> str:
+    """Class path of the module whose ``forward`` is the innermost on the stack from
+    ``frame``. Cached per forward's code object when that code is the forward of exactly
+    the class found (an inherited forward, like BatchNorm2d's, is resolved per call)."""
+    f = frame
+    while f is not None:
+        code = f.f_code
+        if code.co_name == "forward":
+            where = _OWNER.get(code)
+            if where is None or where is _SHARED:
+                owner = f.f_locals.get("self")
+                if isinstance(owner, torch.nn.Module):
+                    cls = type(owner)
+                    where = class_path(cls)
+                    if code not in _OWNER:
+                        own = cls.__dict__.get("forward")
+                        _OWNER[code] = where if getattr(own, "__code__", None) is code \
+                            else _SHARED
+                else:
+                    where = _OWNER[code] = ""
+            if where:
+                return where
+        f = f.f_back
+    return OUTSIDE
+
+
+# reasons a torch function ran on torch (keys of State.torch_calls)
+NO_KERNEL = "no ortcpu_torch kernel"
+NOT_SELECTED = "not selected by include/exclude"
+IN_TORCH_SCOPE = "inside an excluded module, or a swapped module run by torch (a fallback, " \
+                 "or torch measured faster)"
+
+
+class KernelMode(TorchFunctionMode):
+    """Routes the functionals in ``FUNCTIONALS`` to ``ortcpu_torch.ops`` while active and
+    counts the rest by calling module."""
+
+    def __init__(self, state: State):
+        super().__init__()
+        self.state = state
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if torch.compiler.is_compiling():
+            return func(*args, **kwargs)
+        state = self.state
+        entry = BY_FUNC.get(func)
+        why = NO_KERNEL
+        if entry is not None:
+            scope = state.scope()
+            if scope is None:
+                sel = state.func_selected.get(entry.name)
+                if sel is None:
+                    sel = state.func_selected[entry.name] = state.selected(entry.name,
+                                                                            entry.op)
+                why = NOT_SELECTED
+            else:
+                sel, why = scope, IN_TORCH_SCOPE
+            if sel:
+                return self._route(entry, func, args, kwargs)
+        key = (func_name(func), calling_module(sys._getframe(1)), why)
+        calls = state.torch_calls
+        calls[key] = calls.get(key, 0) + 1
+        if state.timing:
+            return timed(state, "torch", func, *args, **kwargs)
+        return func(*args, **kwargs)
+
+    def _route(self, entry: FuncEntry, func, args, kwargs):
+        state = self.state
+        stats = state.funcs.get(entry.name)
+        if stats is None:
+            stats = state.funcs[entry.name] = Stats()
+        ours = entry.ours()
+        if ours is None:  # family not in this build: not a fallback, just not there yet
+            stats.torch += 1
+            k = f"no kernel in this build (ortcpu_torch.ops.{entry.op} missing)"
+            stats.reasons.setdefault(k, [k, 0])[1] += 1
+            return func(*args, **kwargs)
+        reason = context_reason()
+        if reason is None and state.select != "ours" and values_reason(args) is None and \
+                values_reason(kwargs.values()) is None and choose(
+                    state, entry.name, None, lambda *a, **k: ours_call(entry, ours, a, k),
+                    func, args, kwargs) == "torch":
+            stats.chose_torch()
+            return timed(state, "torch", func, *args, **kwargs) if state.timing \
+                else func(*args, **kwargs)
+        if reason is None:
+            try:
+                out = timed(state, "ours", ours_call, entry, ours, args, kwargs) \
+                    if state.timing else ours_call(entry, ours, args, kwargs)
+                stats.ours += 1
+                return out
+            except Unsupported as e:
+                reason = str(e.args[0])
+            except (TypeError, ValueError) as e:
+                reason = exc_reason(f"ops.{entry.op}", e)
+        state.fell_back(entry.name, entry.name, stats, reason)
+        if state.timing:
+            return timed(state, "torch", func, *args, **kwargs)
+        return func(*args, **kwargs)
+
+    def report(self, file="stdout", timing: bool = False):
+        from .report import report
+
+        return report(self, file=file, timing=timing)
+
+
+class EnterHook:
+    """Forward pre-hook on the root: enter the kernel mode (picklable). Not while
+    torch.compile traces: our kernels are opaque to it, so it traces torch's."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def __call__(self, module, args):
+        if torch.compiler.is_compiling():
+            return
+        mode = KernelMode(self.state)
+        mode.__enter__()
+        self.state.modes.append(mode)
+
+
+class ExitHook:
+    """Always-called forward hook on the root: leave the kernel mode."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def __call__(self, module, args, output):
+        if torch.compiler.is_compiling():
+            return
+        modes = self.state.modes
+        if modes:
+            modes.pop().__exit__(None, None, None)
+
+
+def kernels_enabled(fallback: str = "warn", include=None, exclude=None,
+                    timing: bool = False, select="ours") -> KernelMode:
+    """Context manager routing torch functionals (``F.gelu``, ``torch.softmax``, ...) to
+    ortcpu_torch kernels inside the ``with`` block, with the same fallback policy as
+    ``wrap``. Unlike ``wrap``, ``select`` defaults to ``"ours"``: this block is an explicit
+    request for our kernels (pass ``select="fastest"`` to let measurement decide).
+    ``ortcpu_torch.report(ctx)`` (or ``ctx.report()``) shows what ran where."""
+    return KernelMode(State(fallback, include, exclude, timing, select))

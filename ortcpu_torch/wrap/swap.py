@@ -1,0 +1,244 @@
+"""Module swap: a supported ``torch.nn`` module is replaced, in its parent, by its
+``ortcpu_torch.nn`` counterpart built with the same configuration (read from the torch
+module's attributes by the table entry's argument mapping) and pointed at the *same*
+Parameter and buffer objects (nothing is copied). The counterpart runs as a thin subclass
+(``Wrapped<Name>``, defined here so pickling finds it) whose ``forward`` checks the
+inputs, runs our kernels, and falls back to the original torch module (kept aside, not a
+child, so ``state_dict`` keys are unchanged) for anything we do not support.
+
+Also here: the scope hooks that keep everything inside an excluded module on torch (and
+route everything inside an included one)."""
+
+from __future__ import annotations
+
+import torch
+
+from .policy import INFO_ATTR, context_reason, exc_reason, values_reason
+from .select import choose, module_runner
+from .tables import MODULES, ModuleEntry
+from .timing import timed
+
+CHOSE = "torch chosen"  # marker: torch runs because it measured faster, not a fallback
+
+
+class SwapInfo:
+    """Kept on a swapped module (not a child: state_dict is unchanged)."""
+
+    config = ""  # (class default for objects unpickled from before it existed)
+
+    def __init__(self, original, entry_name, qualname, state, attrs, config=""):
+        self.original = original
+        self.config = config  # extra_repr at wrap time: part of select's signature key
+        self.entry_name = entry_name
+        self.qualname = qualname
+        self.state = state
+        self.attrs = attrs  # public config attributes to mirror onto the original on fallback
+
+
+def _wrapped_forward(self, *args, **kwargs):
+    info: SwapInfo = self.__dict__[INFO_ATTR]
+    if torch.compiler.is_compiling():
+        # torch.compile traces torch's forward (our kernels are opaque to it). Nothing is
+        # counted here: a counter read while tracing becomes a guard, and a guard that
+        # changes every call recompiles every call.
+        sync_to_original(self, info.original, info.attrs)
+        return info.original.forward(*args, **kwargs)
+    state = info.state
+    stats = state.modules[info.qualname]["stats"]
+    # the checks too run without the kernel mode: under it every tensor attribute read
+    # is a Python __torch_function__ call
+    with torch._C.DisableTorchFunction():
+        reason = context_reason() or values_reason(args) \
+            or values_reason(kwargs.values()) or values_reason(self._parameters.values()) \
+            or values_reason(self._buffers.values())
+        if reason is None and state.select != "ours" and choose(
+                state, info.entry_name, (type(info.original), self.training, info.config),
+                module_runner(self, type(self).__mro__[1].forward),
+                module_runner(info.original, type(info.original).forward,
+                              lambda: sync_to_original(self, info.original, info.attrs)),
+                args, kwargs) == "torch":
+            stats.chose_torch()
+            reason = CHOSE
+        if reason is None:
+            fwd = type(self).__mro__[1].forward
+            try:
+                out = timed(state, "ours", fwd, self, *args, **kwargs) if state.timing \
+                    else fwd(self, *args, **kwargs)
+                stats.ours += 1
+                return out
+            except (TypeError, ValueError) as e:
+                reason = exc_reason(f"nn.{type(self).__mro__[1].__name__}", e)
+    if reason is not CHOSE:
+        state.fell_back(f"{info.qualname or 'model'} ({info.entry_name})", info.entry_name,
+                        stats, reason)
+    orig = info.original
+    sync_to_original(self, orig, info.attrs)
+    scopes = state.scopes
+    scopes.append(False)  # torch's forward runs as torch's, functionals included
+    try:
+        if state.timing:
+            return timed(state, "torch", orig.forward, *args, **kwargs)
+        return orig.forward(*args, **kwargs)
+    finally:
+        scopes.pop()
+
+
+def sync_to_original(new, orig, attrs) -> None:
+    """The original runs the fallback: give it what may have changed on the swapped module
+    since wrapping (training flag, config attributes, re-assigned parameters)."""
+    orig.training = new.training
+    for k in attrs:
+        if k in new.__dict__:
+            orig.__dict__[k] = new.__dict__[k]
+    for d in ("_parameters", "_buffers"):
+        od, nd = getattr(orig, d), getattr(new, d)
+        for k, v in nd.items():
+            if od.get(k, None) is not v:
+                setattr(orig, k, v)  # setattr: modules caching parameter lists update them
+
+
+def _wrapped_get_name(self) -> str:
+    return f"ortcpu_torch.nn.{type(self).__mro__[1].__name__}"
+
+
+_WRAPPED: dict[str, type] = {}
+
+
+def wrapped_class(entry: ModuleEntry) -> type | None:
+    """``Wrapped<Name>``: the counterpart with the fallback-aware forward. Defined in this
+    module's namespace (``__getattr__`` below) so pickle finds it by name."""
+    cls = _WRAPPED.get(entry.torch_name)
+    if cls is None:
+        cp = entry.counterpart()
+        if cp is None:
+            return None
+        cls = type(f"Wrapped{entry.torch_name}", (cp,), {
+            "forward": _wrapped_forward,
+            "_get_name": _wrapped_get_name,
+            "__module__": __name__,
+            "__doc__": f"ortcpu_torch.nn.{cp.__name__} swapped in by ortcpu_torch.wrap() "
+                       f"for a {entry.torch_path}; falls back to it when needed.",
+        })
+        _WRAPPED[entry.torch_name] = cls
+    return cls
+
+
+def __getattr__(name: str):
+    if name.startswith("Wrapped"):
+        for e in MODULES:
+            if name == f"Wrapped{e.torch_name}":
+                cls = wrapped_class(e)
+                if cls is not None:
+                    return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_HOOK_DICTS = (
+    "_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+    "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_backward_hooks",
+    "_backward_pre_hooks", "_state_dict_hooks", "_state_dict_pre_hooks",
+    "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks",
+)
+
+
+def _meta_leftovers(m: torch.nn.Module) -> str | None:
+    """A tensor still on the meta device after re-pointing parameters and buffers means the
+    counterpart keeps state of its own: refuse rather than compute with it."""
+    for v in m.__dict__.values():
+        vals = v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else (v,)
+        for t in vals:
+            if isinstance(t, torch.Tensor) and t.is_meta:
+                return "the counterpart keeps tensors of its own besides the parameters"
+    return None
+
+
+def build_swap(entry: ModuleEntry, m: torch.nn.Module, qualname: str, state):
+    """The swapped module for ``m``, or a reason why not."""
+    cls = wrapped_class(entry)
+    if cls is None:
+        return None, f"ortcpu_torch.nn.{entry.ours_name} is not available in this build"
+    cp = cls.__mro__[1]
+    try:
+        kwargs = entry.args(cp, m)
+        with torch.device("meta"):  # nothing allocated: every tensor is replaced below
+            new = cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        return None, f"ortcpu_torch.nn.{cp.__name__} does not take this configuration: {e}"
+    if set(new._parameters) != set(m._parameters) or set(new._buffers) != set(m._buffers):
+        return None, (f"ortcpu_torch.nn.{cp.__name__} has parameters/buffers "
+                      f"{sorted(new._parameters) + sorted(new._buffers)}, torch's "
+                      f"{sorted(m._parameters) + sorted(m._buffers)}")
+    if new._modules:
+        return None, f"ortcpu_torch.nn.{cp.__name__} has submodules"
+    for name, p in m._parameters.items():
+        setattr(new, name, p)  # setattr: lets modules that cache parameter lists update them
+    for name, b in m._buffers.items():
+        if b is None:
+            new._buffers[name] = None
+        else:
+            setattr(new, name, b)
+    # identical order and persistence, so state_dict() is key-for-key the same
+    new._parameters = type(m._parameters)((k, new._parameters[k]) for k in m._parameters)
+    new._buffers = type(m._buffers)((k, new._buffers[k]) for k in m._buffers)
+    new._non_persistent_buffers_set = set(m._non_persistent_buffers_set)
+    bad = _meta_leftovers(new)
+    if bad:
+        return None, f"ortcpu_torch.nn.{cp.__name__}: {bad}"
+    for d in _HOOK_DICTS:  # hooks registered on the original keep firing (same dicts)
+        if hasattr(m, d):
+            setattr(new, d, getattr(m, d))
+    new._is_full_backward_hook = getattr(m, "_is_full_backward_hook", None)
+    new.training = m.training
+    attrs = tuple(k for k in m.__dict__ if not k.startswith("_") and k in new.__dict__
+                  and k != "training")
+    new.__dict__[INFO_ATTR] = SwapInfo(m, entry.torch_name, qualname, state, attrs,
+                                       new.extra_repr())
+    return new, None
+
+
+def set_child(root: torch.nn.Module, qualname: str, new: torch.nn.Module) -> None:
+    parent_name, _, child = qualname.rpartition(".")
+    parent = root.get_submodule(parent_name) if parent_name else root
+    parent._modules[child] = new
+
+
+# ---- scopes: excluded modules stay on torch, included ones route everything ----------
+
+
+class ScopeEnter:
+    """Forward pre-hook of an excluded (``on=False``) or included (``on=True``) module."""
+
+    def __init__(self, state, on: bool):
+        self.state, self.on = state, on
+
+    def __call__(self, module, args):
+        if not torch.compiler.is_compiling():
+            self.state.scopes.append(self.on)
+
+
+class ScopeExit:
+    """Always-called forward hook closing a ``ScopeEnter``."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def __call__(self, module, args, output):
+        if not torch.compiler.is_compiling():
+            scopes = self.state.scopes
+            if scopes:
+                scopes.pop()
+
+
+def add_scope(state, module: torch.nn.Module, on: bool) -> None:
+    module.register_forward_pre_hook(ScopeEnter(state, on))
+    module.register_forward_hook(ScopeExit(state), always_call=True)
+
+
+def remove_hooks(module: torch.nn.Module, kinds: tuple) -> None:
+    """Remove the forward (pre-)hooks of ``module`` that are instances of ``kinds``."""
+    for d in ("_forward_pre_hooks", "_forward_hooks"):
+        hooks = getattr(module, d)
+        for k in [k for k, h in hooks.items() if isinstance(h, kinds)]:
+            del hooks[k]
+            module._forward_hooks_always_called.pop(k, None)
+

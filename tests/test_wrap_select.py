@@ -1,0 +1,103 @@
+"""``wrap(model, select=...)``: with the default ``"fastest"`` the first call of each
+input signature times ours and torch's forward+backward on copies and keeps the faster;
+the measurement changes nothing (running statistics, gradients, hooks, RNG), every
+choice is reported with its timings, and ``select=report(model).selection`` replays it."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import ortcpu_torch
+from ortcpu_torch import report, wrap
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+    ortcpu_torch.set_num_threads(1)
+
+
+def _net():
+    return nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.GELU(), nn.Linear(32, 4))
+
+
+def test_choices_are_measured_once_per_signature_and_reported():
+    m = wrap(_net())
+    for n in (8, 8, 300):
+        m(torch.randn(n, 16)).sum().backward()
+    rep = report(m, file=None)
+    # 4 modules x 2 batch sizes
+    assert len(rep.choices) == 8, rep.text
+    for key, c in rep.choices.items():
+        assert c["side"] == ("ours" if c["ours_ms"] <= c["torch_ms"] else "torch"), key
+    assert set(rep.selection.values()) <= {"ours", "torch"}
+    assert "signatures measured" in rep.text
+    calls = {d["name"]: d["calls_ours"] + d["calls_torch"] for d in rep.modules}
+    assert calls == {"0": 3, "1": 3, "2": 3, "3": 3}
+    for d in rep.modules:  # a call run on torch by choice is not a fallback
+        for msg in d["reasons"]:
+            assert "measured faster" in msg
+
+
+def test_measurement_changes_nothing_in_the_model():
+    m = _net()
+    ref = copy.deepcopy(m)
+    seen = []
+    m[0].register_forward_hook(lambda mod, i, o: seen.append(1))
+    wrap(m, fallback="silent")
+    x = torch.randn(8, 16)
+    rng = torch.get_rng_state()
+    y = m(x)
+    assert torch.equal(torch.get_rng_state(), rng)
+    y.sum().backward()
+    ref(x).sum().backward()
+    assert seen == [1]  # the hook fired for the real call only
+    for (n, p), q in zip(m.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=n)
+    for b, c in zip(m.buffers(), ref.buffers(), strict=True):  # one BN update, not seven
+        torch.testing.assert_close(b, c, rtol=1e-5, atol=1e-6)
+
+
+def test_selection_replays_without_measuring():
+    m = wrap(_net())
+    m(torch.randn(8, 16)).sum().backward()
+    sel = report(m, file=None).selection
+    forced = {k: "torch" for k in sel}
+    m2 = wrap(_net(), select=forced)
+    m2(torch.randn(8, 16)).sum().backward()
+    rep = report(m2, file=None)
+    assert rep.selection == forced
+    assert all(c["ours_ms"] is None for c in rep.choices.values())
+    assert all(d["calls_ours"] == 0 and d["calls_torch"] == 1 for d in rep.modules)
+    m3 = wrap(_net(), select={k: "ours" for k in sel})
+    m3(torch.randn(8, 16))
+    assert all(d["calls_ours"] == 1 for d in report(m3, file=None).modules)
+
+
+def test_functionals_are_selected_too():
+    x = torch.randn(4, 8)
+    with ortcpu_torch.kernels_enabled(select="fastest") as ctx:
+        torch.softmax(x, -1)
+        torch.softmax(x, -1)
+    rep = report(ctx, file=None)
+    assert len(rep.choices) == 1 and next(iter(rep.choices)).startswith("torch.softmax(")
+    f = rep.functionals[0]
+    assert f["calls_ours"] + f["calls_torch"] == 2
+
+
+def test_kernels_enabled_defaults_to_ours():
+    with ortcpu_torch.kernels_enabled() as ctx:
+        torch.softmax(torch.randn(2, 3), -1)
+    rep = report(ctx, file=None)
+    assert rep.choices == {} and rep.functionals[0]["calls_ours"] == 1
+
+
+def test_bad_select():
+    with pytest.raises(ValueError, match="select must be one of"):
+        wrap(_net(), select="slowest")
+    with pytest.raises(ValueError, match="'ours' or 'torch'"):
+        wrap(_net(), select={"x": "gpu"})
