@@ -51,6 +51,9 @@ def to_out(ctx: Lowering, value: str, src: torch.dtype) -> str:
     return ctx.cast(value, src, ctx.out_dtype())
 
 
+BOOL_FORMS = {"Mul": "And", "Max": "Or", "Min": "And"}  # ONNX arithmetic has no bool
+
+
 def binary(onnx_op: str, *, float_math: bool = False):
     """a <op> b with torch promotion; ``float_math``: integer inputs compute in the output
     dtype (true division)."""
@@ -59,7 +62,8 @@ def binary(onnx_op: str, *, float_math: bool = False):
         x = a.get("self", a.get("input"))
         y = a["other"] if "other" in a else a["exponent"]
         dt = ctx.out_dtype() if float_math else compute_dtype(ctx, x, y)
-        out = ctx.op(onnx_op, promoted(ctx, x, y, dtype=dt))
+        op = BOOL_FORMS.get(onnx_op, onnx_op) if dt == torch.bool else onnx_op
+        out = ctx.op(op, promoted(ctx, x, y, dtype=dt))
         return to_out(ctx, out, dt)
 
     return lower
@@ -400,6 +404,16 @@ def _identity(ctx, node, a):
     if node.target is aten.dropout.default and a["train"] and a["p"] > 0:
         raise LoweringError("training-mode aten.dropout reached the lowering undecomposed")
     return ctx.op("Identity", [ctx.v(a.get("self", a.get("input")))])
+
+
+@lowers(aten.copy.default)
+def _copy(ctx, node, a):
+    """copy(dst, src): src cast to dst's dtype and broadcast to its shape (functionalized
+    slice assignment)."""
+    dst, src = a["self"], a["src"]
+    static = ctx.static_shape(dst)
+    target = ctx.ints(static) if static is not None else ctx.op("Shape", [ctx.v(dst)])
+    return ctx.op("Expand", [ctx.tensor(src, ctx.dtype(dst)), target])
 
 
 @lowers(aten.lerp.Scalar, aten.lerp.Tensor)
