@@ -8,15 +8,20 @@
 - ``op_table.supported()``: every (domain, op type, opset range) the executor binds.
 - ``capture`` / ``export``: a torch model as an ONNX graph with training semantics (or its
   eval graph as standard ONNX).
+- ``build_gradient_graph``: an ONNX forward model -> its training graph (forward +
+  backward with ONNX Runtime's gradient ops, one ``<input>_grad`` output per trainable
+  input).
 """
 
-from .capture import CaptureError, CapturedGraph, capture, export
+from .capture import CapturedGraph, CaptureError, capture, export
 from .executor import Executor, FeedError, run_model
+from .gradient import FORWARD_NODES_KEY, GradientBuildError, build_gradient_graph
 from .loading import InvalidModelError, load_model
 from .op_table import UnsupportedOpError
 from .planner import GraphRunError, Plan
 from .session import InferenceSession, NodeArg, SessionOptions
 
-__all__ = ["CaptureError", "CapturedGraph", "capture", "export", "Executor", "FeedError", "GraphRunError", "InferenceSession", "InvalidModelError",
-           "NodeArg", "Plan", "SessionOptions", "UnsupportedOpError", "load_model",
-           "run_model"]
+__all__ = ["FORWARD_NODES_KEY", "CaptureError", "CapturedGraph", "Executor", "FeedError",
+           "GradientBuildError", "GraphRunError", "InferenceSession", "InvalidModelError",
+           "NodeArg", "Plan", "SessionOptions", "UnsupportedOpError", "build_gradient_graph",
+           "capture", "export", "load_model", "run_model"]
