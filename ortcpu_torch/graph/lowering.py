@@ -122,6 +122,7 @@ class Lowering:
         self._consts: dict[tuple, str] = {}
         self._sym_values: dict[str, str] = {}  # str(sympy expr) -> value name
         self.current = None  # the fx node being lowered (for names and errors)
+        self.bn_count = 0  # training batch norms lowered so far
 
     # ---- names, nodes, constants ------------------------------------------------
     def fresh(self, hint: str) -> str:

@@ -227,7 +227,8 @@ def _placeholder_stats(ctx, c, dt):
     (measured), which would corrupt the buffers read by the update, and its constant-sharing
     pass merges equal initializers, so each node's placeholders hold values of their own.
     """
-    k = ctx.bn_count = getattr(ctx, "bn_count", 0) + 1
+    ctx.bn_count += 1
+    k = ctx.bn_count
     return [_ones(ctx, [c], dt, -1000.5 - k, shared=False),
             _ones(ctx, [c], dt, 1000.5 + k, shared=False)]
 
