@@ -133,14 +133,17 @@ class _GraphFunction(torch.autograd.Function):
         feeds.update(zip(names, (t.detach() for t in tensors), strict=True))
         outs = entry.forward.run(feeds)
         g = entry.graph
-        _write_buffers(module, g, outs)
         stash = {n: outs[n] for n in entry.split.stash}
         if entry.backward is None:
             entry.build_backward(stash)
         ctx.entry, ctx.names = entry, names
         ctx.stash = stash
-        ctx.feeds = {i.name: feeds[i.name] for i in entry.split.backward_inputs
-                     if i.name in feeds}
+        # a buffer the forward mutates keeps its old value for the backward (the fed tensor
+        # shares the buffer's storage, which _write_buffers overwrites)
+        ctx.feeds = {i.name: feeds[i.name].clone() if i.name in g.buffer_updates
+                     else feeds[i.name]
+                     for i in entry.split.backward_inputs if i.name in feeds}
+        _write_buffers(module, g, outs)
         user = [outs[n] for n in g.user_outputs]
         nondiff = [u for u in user if not u.dtype.is_floating_point]
         if nondiff:
