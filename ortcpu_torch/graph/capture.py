@@ -77,6 +77,7 @@ class CapturedGraph:
     buffers: list[str]
     buffer_updates: dict[str, str]
     dropout_masks: list[DropoutMask]
+    detached: dict[str, str]  # gradient-free input "<fqn>.detached" -> the FQN it copies
     train: bool
     in_spec: Any = None
     out_spec: Any = None
@@ -108,6 +109,9 @@ class CapturedGraph:
         for fqn in self.buffers:
             if fqn in names:
                 feeds[fqn] = module.get_buffer(fqn).detach()
+        for name, fqn in self.detached.items():
+            if name in names:
+                feeds[name] = feeds[fqn]
         for m in self.dropout_masks:
             feeds[m.name] = m.sample(generator)
         return feeds
@@ -215,6 +219,7 @@ def _lower_program(ep, module, *, train, standard_only, params_as_initializers, 
                 name = spec.target
                 (params if spec.kind == InputKind.PARAMETER else buffers).append(name)
                 add_state(name, node)
+                ctx.state_names.add(name)
             elif spec.kind == InputKind.CONSTANT_TENSOR:
                 name = ctx.const(ep.constants[spec.target])
             else:
@@ -264,6 +269,14 @@ def _lower_program(ep, module, *, train, standard_only, params_as_initializers, 
     value_infos = _node_value_infos(ep, ctx, nodes, {o.name for o in outputs})
     inputs = [v for v in graph_inputs if v is not None] + ctx.extra_inputs
     inits = initializers + [t for t in ctx.initializers if t.name in needed]
+    if params_as_initializers:  # the gradient-free copies hold the same values
+        by_name = {t.name: t for t in initializers}
+        for name, fqn in ctx.detached_inputs.items():
+            copy = onnx.TensorProto()
+            copy.CopyFrom(by_name[fqn])
+            copy.name = name
+            inits.append(copy)
+        inputs = [v for v in inputs if v.name not in ctx.detached_inputs]
     graph = helper.make_graph(nodes, type(module).__name__, inputs, outputs, inits,
                               value_info=value_infos)
     opsets = [helper.make_opsetid("", OPSET)]
@@ -276,7 +289,8 @@ def _lower_program(ep, module, *, train, standard_only, params_as_initializers, 
     out_user = [o.name for o in outputs if o.name not in buffer_updates.values()]
     return CapturedGraph(model=model, user_inputs=user_inputs, user_outputs=out_user,
                          params=params, buffers=buffers, buffer_updates=buffer_updates,
-                         dropout_masks=list(ctx.dropout_masks), train=train,
+                         dropout_masks=list(ctx.dropout_masks), detached=dict(ctx.detached_inputs),
+                         train=train,
                          in_spec=ep.call_spec.in_spec, out_spec=ep.call_spec.out_spec)
 
 

@@ -123,6 +123,8 @@ class Lowering:
         self._sym_values: dict[str, str] = {}  # str(sympy expr) -> value name
         self.current = None  # the fx node being lowered (for names and errors)
         self.bn_count = 0  # training batch norms lowered so far
+        self.detached_inputs: dict[str, str] = {}  # "<value>.detached" input -> the value it copies
+        self.state_names: set[str] = set()  # graph inputs that are parameters or buffers
 
     # ---- names, nodes, constants ------------------------------------------------
     def fresh(self, hint: str) -> str:
@@ -169,6 +171,21 @@ class Lowering:
         self.initializers.append(numpy_helper.from_array(arr.copy(order="C"), name))
         if shared:
             self._consts[key] = name
+        return name
+
+    def detached(self, arg) -> str:
+        """A gradient-free copy of a parameter or buffer: an extra graph input
+        ``<name>.detached`` that is fed the same tensor (no gradient flows through it)."""
+        value = self.v(arg)
+        if value not in self.state_names:
+            raise LoweringError(f"'{value}' is not a parameter or buffer of the module")
+        name = f"{value}.detached"
+        if name not in self.detached_inputs:
+            self.reserve(name)
+            m = self.meta(arg)
+            self.extra_inputs.append(helper.make_tensor_value_info(
+                name, TORCH_TO_ONNX[m.dtype], [int(d) for d in m.shape]))
+            self.detached_inputs[name] = value
         return name
 
     def ints(self, values) -> str:

@@ -296,13 +296,20 @@ def _bn_eval(ctx, node, a):
 # ---- embedding, losses, attention ----------------------------------------------------
 @lowers(aten.embedding.default)
 def _embedding(ctx, node, a):
-    if ctx.train and a["padding_idx"] is not None and a["padding_idx"] >= 0:
-        raise LoweringError("embedding with padding_idx in a training graph: its zero "
-                            "gradient for the padding row has no ONNX form here")
+    """Gather(weight, indices). With ``padding_idx`` in a training graph, the padding
+    positions read a gradient-free copy of the weight, so (as in torch) the padding row gets
+    no gradient while the forward values stay exact."""
     if a["scale_grad_by_freq"]:
         raise LoweringError("embedding with scale_grad_by_freq is not supported")
-    return ctx.op("Gather", [ctx.v(a["weight"]), ctx.tensor(a["indices"], torch.int64)],
-                  axis=0)
+    w, idx = a["weight"], ctx.tensor(a["indices"], torch.int64)
+    out = ctx.op("Gather", [ctx.v(w), idx], axis=0)
+    pad = a["padding_idx"]
+    if not ctx.train or pad is None or pad < 0:
+        return out
+    frozen = ctx.op("Gather", [ctx.detached(w), idx], axis=0)
+    is_pad = ctx.op("Unsqueeze", [ctx.op("Equal", [idx, ctx.const(pad, torch.int64)]),
+                                  ctx.ints([-1])])
+    return ctx.op("Where", [is_pad, frozen, out])
 
 
 _REDUCTION = {0: "none", 1: "mean", 2: "sum"}

@@ -89,7 +89,7 @@ class GPT(nn.Module):
 class LSTMClassifier(nn.Module):
     def __init__(self, vocab=30, d=8, hidden=12, classes=4):
         super().__init__()
-        self.emb = nn.Embedding(vocab, d)
+        self.emb = nn.Embedding(vocab, d, padding_idx=0)
         self.rnn = nn.LSTM(d, hidden, num_layers=2, batch_first=True, bidirectional=True,
                            dropout=0.2)
         self.fc = nn.Linear(2 * hidden, classes)
@@ -148,8 +148,9 @@ def make(name: str, batch: int = 4):
         return GPT(), (torch.randint(0, 40, (batch, 16), generator=g),
                        torch.randint(0, 40, (batch, 16), generator=g))
     if name == "lstm":
-        return LSTMClassifier(), (torch.randint(0, 30, (batch, 7), generator=g),
-                                  torch.randint(0, 4, (batch,), generator=g))
+        idx = torch.randint(0, 30, (batch, 7), generator=g)
+        idx[:, -2:] = 0  # padding positions: no gradient into emb.weight[0]
+        return LSTMClassifier(), (idx, torch.randint(0, 4, (batch,), generator=g))
     if name == "gru":
         return GRUClassifier(), (torch.randn(5, batch, 6, generator=g),
                                  torch.randint(0, 3, (batch,), generator=g))

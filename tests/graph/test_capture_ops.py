@@ -331,8 +331,13 @@ def test_data_dependent_control_flow_is_a_capture_error():
 def test_bad_arguments():
     with pytest.raises(TypeError, match="module must be a torch.nn.Module"):
         capture(lambda x: x, (torch.randn(2),))
+    with pytest.raises(CaptureError, match="scale_grad_by_freq"):
+        capture(nn.Embedding(5, 3, scale_grad_by_freq=True), (torch.tensor([0, 1]),))
+
+
+def test_embedding_padding_idx_reads_a_gradient_free_copy():
     emb = nn.Embedding(5, 3, padding_idx=0)
-    with pytest.raises(CaptureError, match="padding_idx"):
-        capture(emb, (torch.tensor([0, 1]),), train=True)
-    graph = capture(emb, (torch.tensor([0, 1]),), train=False)  # eval: forward only, fine
+    train = capture(emb, (torch.tensor([0, 1]),), train=True)
+    assert train.detached == {"weight.detached": "weight"}
+    graph = capture(emb, (torch.tensor([0, 1]),), train=False)  # eval: one Gather
     assert [n.op_type for n in graph.model.graph.node] == ["Gather"]
