@@ -32,18 +32,42 @@ class DropoutMask:
     p: float
     dtype: torch.dtype
     where: str  # module path and source line of the dropout
+    stride: tuple[int, ...] | None = None  # the dropout input's strides in eager torch
 
     def sample(self, generator: torch.Generator | None = None) -> torch.Tensor:
-        """The mask as eager torch draws it on CPU (same generator calls, same values)."""
+        """The mask as eager torch draws it on CPU (same generator calls, same values).
+
+        Eager dropout draws into ``empty_like(input)``, which keeps the input's memory
+        layout: a transposed input gets its mask in transposed memory order, so the mask is
+        drawn with the input's strides and made contiguous for the graph."""
         keep = 1.0 - self.p
-        noise = torch.empty(self.shape, dtype=self.dtype)
+        if self.stride is not None:
+            noise = torch.empty_strided(self.shape, self.stride, dtype=self.dtype)
+        else:
+            noise = torch.empty(self.shape, dtype=self.dtype)
         if keep == 0:
-            return noise.zero_()
-        return noise.bernoulli_(keep, generator=generator).div_(keep)
+            return noise.zero_().contiguous()
+        return noise.bernoulli_(keep, generator=generator).div_(keep).contiguous()
 
 
-def dropout_mask_input(ctx: Lowering, shape, p: float, dtype: torch.dtype) -> str:
-    """Declare a new dropout-mask graph input for the current node; returns its name."""
+def _dense_stride(meta) -> tuple[int, ...] | None:
+    """The strides of a non-overlapping, dense, non-contiguous tensor (else None)."""
+    if not isinstance(meta, torch.Tensor) or meta.is_contiguous():
+        return None
+    stride = tuple(int(s) for s in meta.stride())
+    dims = sorted((st, int(sz)) for st, sz in zip(stride, meta.shape, strict=True) if sz > 1)
+    expect = 1
+    for st, sz in dims:
+        if st != expect:
+            return None
+        expect *= sz
+    return stride
+
+
+def dropout_mask_input(ctx: Lowering, shape, p: float, dtype: torch.dtype,
+                       like=None) -> str:
+    """Declare a new dropout-mask graph input for the current node; returns its name.
+    ``like``: the fx value being dropped (its strides decide eager torch's draw order)."""
     if not all(isinstance(s, int) for s in shape):
         raise LoweringError("dropout on a tensor with symbolic shape (capture with static "
                             "shapes: the mask is drawn by torch before the run)")
@@ -51,7 +75,8 @@ def dropout_mask_input(ctx: Lowering, shape, p: float, dtype: torch.dtype) -> st
     ctx.extra_inputs.append(helper.make_tensor_value_info(name, TORCH_TO_ONNX[dtype],
                                                           list(shape)))
     ctx.dropout_masks.append(DropoutMask(name, tuple(int(s) for s in shape), float(p), dtype,
-                                         node_location(ctx.current)))
+                                         node_location(ctx.current),
+                                         _dense_stride(ctx.meta(like))))
     return name
 
 
@@ -61,7 +86,7 @@ def _native_dropout(ctx, node, a):
     p, train = float(a["p"]), a["train"]
     if not train or p == 0:
         return ctx.op("Identity", [ctx.v(x)]), None
-    mask = dropout_mask_input(ctx, ctx.shape(x), p, ctx.dtype(x))
+    mask = dropout_mask_input(ctx, ctx.shape(x), p, ctx.dtype(x), like=x)
     y = ctx.op("Mul", [ctx.v(x), mask])
     return y, ctx.op("Greater", [mask, ctx.const(0, ctx.dtype(x))])
 

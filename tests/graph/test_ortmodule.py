@@ -191,3 +191,27 @@ def test_fallback_error_and_bad_arguments():
 
 def test_top_level_export():
     assert ortcpu_torch.ORTModule is ORTModule
+
+
+class _Encoder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.1, batch_first=True,
+                                                      activation="gelu")
+
+    def forward(self, x):
+        y = self.layer(x)
+        return y.pow(2).mean(), y
+
+
+def test_transformer_encoder_layer_with_dropout_matches_eager():
+    """SDPA with attention dropout, and a dropout on a transposed (non-contiguous) tensor:
+    the masks follow eager torch's draw order and memory layout."""
+    model = _Encoder()
+    ref = copy.deepcopy(model)
+    om = ORTModule(model, fallback="error")
+    x = torch.randn(3, 10, 32)
+    out, exp = _step(om, (x,), 4), _step(ref, (x,), 4)
+    torch.testing.assert_close(out[1], exp[1], rtol=1e-5, atol=5e-6)
+    _assert_same_state(model, ref)
+    assert len(next(iter(om._cache.values())).graph.dropout_masks) == 4
