@@ -46,14 +46,15 @@ from .wrap import (  # noqa: E402
 __all__ += ["FallbackError", "FallbackWarning", "kernels_enabled", "optimize", "report",
             "unwrap", "wrap"]
 
-__all__ += ["InferenceSession"]
+_LAZY = {"InferenceSession": ".graph", "ORTModule": ".graph.ortmodule"}
+__all__ += list(_LAZY)
 
 
 def __getattr__(name):
-    # the ONNX graph executor (onnxruntime's session API), imported on first use: it needs
-    # the onnx package, which the kernels do not
-    if name == "InferenceSession":
-        from .graph import InferenceSession
+    # the graph front end (onnxruntime's session API, ORTModule) is imported on first use:
+    # it needs onnx and torch.export, which the kernels and wrap do not
+    if name in _LAZY:
+        import importlib
 
-        return InferenceSession
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module 'ortcpu_torch' has no attribute {name!r}")
