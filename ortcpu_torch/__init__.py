@@ -45,3 +45,8 @@ from ._wrap import (  # noqa: E402
 
 __all__ += ["FallbackError", "FallbackWarning", "kernels_enabled", "optimize", "report",
             "unwrap", "wrap"]
+
+# the ONNX graph executor with onnxruntime's session API
+from .graph import InferenceSession  # noqa: E402
+
+__all__ += ["InferenceSession"]

@@ -1,0 +1,417 @@
+"""Op-table bindings onto the kernel registry (``kernels.get(name)`` or the native core it
+calls): every ONNX op with a registry kernel, and every com.microsoft registry op.
+
+float32/float64 run on the kernels; other dtypes of ops that ONNX also defines for them
+(integer MatMul, int Relu, int8 Gather, ...) take the torch path named in the binding.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import keyword
+
+import onnx.defs
+import torch
+import torch.nn.functional as F
+
+from .. import kernels
+from ..kernels.activations import softmax_forward
+from .op_table import MS_DOMAIN, ONNX_DOMAIN, lookup, op
+from .ops_torch import _wrap_indices
+
+FLOATS = (torch.float32, torch.float64)
+
+# schema output counts of the multi-output kernels (for ``needs=``)
+_N_OUT = {
+    "Dropout": 2, "MaxPool": 2, "LayerNormalization": 3, "SimplifiedLayerNormalization": 2,
+    "BatchNormInternal": 5, "SoftmaxCrossEntropyLoss": 2, "SoftmaxCrossEntropyLossInternal": 2,
+    "LSTMTraining": 5, "GRUTraining": 3, "InPlaceAccumulatorV2": 2, "AdamWOptimizer": 4,
+    "SGDOptimizerV2": 2, "SoftmaxCrossEntropy": 2, "SparseSoftmaxCrossEntropy": 2,
+    "ConcatTraining": 2, "FakeQuant": 2, "BroadcastGradientArgs": 2, "LSTMGrad": 7,
+    "GRUGrad": 5, "ConvGrad": 3, "BatchNormalizationGrad": 3, "LayerNormalizationGrad": 3,
+    "InvertibleLayerNormalizationGrad": 3, "SimplifiedLayerNormalizationGrad": 2,
+    "SGDOptimizer": 1, "AdamOptimizer": 6,
+}
+# kernels whose result must never be folded at plan time (in place, or random)
+_IMPURE = {
+    "AdamWOptimizer", "SGDOptimizerV2", "SGDOptimizer", "AdamOptimizer", "InPlaceAccumulator",
+    "InPlaceAccumulatorV2", "ZeroGradient", "InplaceClipGradNorm", "Dropout", "Send", "Recv",
+    "BitmaskDropout", "SummaryScalar", "SummaryHistogram", "SummaryMerge", "SummaryText",
+}
+
+
+def _kwargs(ctx, drop=()) -> dict:
+    return {(k + "_" if keyword.iskeyword(k) else k): v for k, v in ctx.attrs.items()
+            if k not in drop}
+
+
+def bind_kernel(name: str, ctx, *, kw=None, drop=()):
+    """The callable running registry kernel ``name`` for this node: attributes as keywords
+    (checked against the kernel's signature now, not per run), ``needs=`` from the outputs
+    the graph uses, the result cut to the node's outputs."""
+    fn = kernels.get(name)
+    kwargs = _kwargs(ctx, drop) if kw is None else kw
+    params = inspect.signature(fn).parameters
+    if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        unknown = [k for k in kwargs if k not in params]
+        if unknown:
+            raise ctx.error(f"attribute(s) {unknown} not supported by kernel {name}",
+                            NotImplementedError)
+    n_node = len(ctx.node.output)
+    n_schema = _N_OUT.get(name)
+    if n_schema and "needs" in params:
+        used = list(ctx.outputs_used[:n_schema]) + [False] * (n_schema - n_node)
+        used[0] = True if n_schema and not any(used) else used[0]
+        if not all(used):
+            kwargs["needs"] = tuple(used)
+    f = functools.partial(fn, **kwargs) if kwargs else fn
+    if n_schema is None or n_schema == 1:
+        if n_node == 1:
+            return f
+        return lambda *a: _cut(f(*a), n_node)
+    if n_node == 1:
+        return lambda *a: f(*a)[0]
+    return lambda *a: tuple(f(*a))[:n_node]
+
+
+def _cut(r, n):
+    if isinstance(r, tuple):
+        return r[:n] if n > 1 else r[0]
+    return r
+
+
+def _float_or(kernel, fallback):
+    """Run ``kernel`` on float32/float64 first inputs, ``fallback`` (torch) otherwise."""
+    def run(x, *rest):
+        if x.dtype in FLOATS:
+            return kernel(x, *rest)
+        return fallback(x, *rest)
+    return run
+
+
+def kernel_op(op_type, *, domain=ONNX_DOMAIN, since=1, until=10**6, pure=True):
+    return op(op_type, domain=domain, since=since, until=until, kind="kernel", pure=pure)
+
+
+# ---- activations ---------------------------------------------------------------------------
+
+for _name, _fallback in (("Relu", torch.relu), ("Sigmoid", torch.sigmoid),
+                         ("Tanh", torch.tanh)):
+    kernel_op(_name)(lambda ctx, _n=_name, _f=_fallback:
+                     _float_or(bind_kernel(_n, ctx, kw={}), _f))
+
+
+@kernel_op("LeakyRelu")
+def _leaky_relu(ctx):
+    alpha = ctx.attr("alpha", 0.01)
+    return _float_or(bind_kernel("LeakyRelu", ctx, kw={"alpha": alpha}),
+                     lambda x: F.leaky_relu(x, alpha))
+
+
+@kernel_op("Gelu", since=20)
+def _gelu(ctx):
+    approx = ctx.attr("approximate", "none")
+    return bind_kernel("FastGelu" if approx == "tanh" else "Gelu", ctx, kw={})
+
+
+def _softmax(log):
+    def factory(ctx):
+        coerce = ctx.opset < 13
+        axis = ctx.attr("axis", 1 if coerce else -1)
+        name = "LogSoftmax" if log else "Softmax"
+        return functools.partial(softmax_forward, name, axis=axis, log=log, coerce_2d=coerce)
+    return factory
+
+
+kernel_op("Softmax")(_softmax(False))
+kernel_op("LogSoftmax")(_softmax(True))
+
+
+# ---- linear algebra, conv, pooling --------------------------------------------------------
+
+
+@kernel_op("MatMul")
+def _matmul(ctx):
+    mm = kernels.get("MatMul")
+    return lambda a, b: mm(a, b) if a.dtype in FLOATS else torch.matmul(a, b)
+
+
+@kernel_op("Gemm")
+def _gemm(ctx):
+    kw = _kwargs(ctx, drop=("broadcast",))
+    g = functools.partial(kernels.get("Gemm"), **kw)
+    alpha, beta = kw.get("alpha", 1.0), kw.get("beta", 1.0)
+    ta, tb = kw.get("transA", 0), kw.get("transB", 0)
+
+    def torch_gemm(a, b, c=None):
+        y = alpha * ((a.t() if ta else a) @ (b.t() if tb else b))
+        return y + beta * c if c is not None else y
+    return lambda a, b, c=None: g(a, b, c) if a.dtype in FLOATS else torch_gemm(a, b, c)
+
+
+@kernel_op("FusedMatMul", domain=MS_DOMAIN)
+def _fused_matmul(ctx):
+    alpha = ctx.attr("alpha", 1.0)
+    ta, tb = ctx.attr("transA", 0), ctx.attr("transB", 0)
+    tba, tbb = ctx.attr("transBatchA", 0), ctx.attr("transBatchB", 0)
+    mm = kernels.get("MatMul")
+
+    def prep(x, trans, trans_batch):
+        if trans_batch and x.dim() > 2:  # [b..., m, k] -> [m..., k, b] style permutation
+            x = x.permute(*range(1, x.dim() - 1), 0, x.dim() - 1)
+        if trans:
+            x = x.transpose(-1, -2)
+        return x
+
+    def fused(a, b):
+        y = mm(prep(a, ta, tba), prep(b, tb, tbb))
+        return y if alpha == 1.0 else y.mul_(alpha)
+    return fused
+
+
+@kernel_op("Conv")
+def _conv(ctx):
+    return bind_kernel("Conv", ctx)
+
+
+@kernel_op("MaxPool")
+def _maxpool(ctx):
+    return bind_kernel("MaxPool", ctx)
+
+
+for _name in ("AveragePool", "GlobalAveragePool", "GlobalMaxPool"):
+    kernel_op(_name)(lambda ctx, _n=_name: bind_kernel(_n, ctx))
+
+
+# ---- normalisation ---------------------------------------------------------------------------
+
+
+@kernel_op("BatchNormalization")
+def _batchnorm(ctx):
+    if ctx.opset < 9 and ctx.attr("spatial", 1) == 0:
+        raise ctx.error("spatial=0 (per-activation statistics) is not supported",
+                        NotImplementedError)
+    kw = _kwargs(ctx, drop=("consumed_inputs", "is_test", "spatial"))
+    if ctx.opset < 14:
+        kw.pop("training_mode", None)
+        if len(ctx.node.output) > 1 and any(ctx.outputs_used[1:]):
+            raise ctx.error("training outputs of BatchNormalization before opset 14 are not "
+                            "supported", NotImplementedError)
+        kw["training_mode"] = 0
+    if kw.get("training_mode", 0):
+        n = len(ctx.node.output)
+        f = functools.partial(kernels.get("BatchNormalization"), **kw)
+        return lambda *a: f(*a)[:n] if n > 1 else f(*a)[0]
+    f = functools.partial(kernels.get("BatchNormalization"), **kw)
+    if len(ctx.node.output) == 1:
+        return f
+    return lambda *a: (f(*a),) + (None,) * (len(ctx.node.output) - 1)
+
+
+kernel_op("LayerNormalization")(lambda ctx: bind_kernel("LayerNormalization", ctx))
+kernel_op("SimplifiedLayerNormalization")(
+    lambda ctx: bind_kernel("SimplifiedLayerNormalization", ctx))
+
+
+@kernel_op("Dropout", pure=False)
+def _dropout(ctx):
+    n = len(ctx.node.output)
+    if ctx.opset < 12:  # inference only before opset 12
+        return _dropout_identity(n)
+    if not ctx.has_input(2) or (ctx.const(2) is not None and not bool(ctx.const(2).item())):
+        return _dropout_identity(n)
+    return bind_kernel("Dropout", ctx)
+
+
+def _dropout_identity(n):
+    if n == 1:
+        return lambda x, *rest: x
+    return lambda x, *rest: (x, torch.ones(x.shape, dtype=torch.bool))
+
+
+# ---- tensor ops -------------------------------------------------------------------------------
+
+
+@kernel_op("Gather")
+def _gather(ctx):
+    axis = ctx.attr("axis", 0)
+    g = functools.partial(kernels.get("Gather"), axis=axis)
+
+    def gather(data, idx):
+        if data.element_size() in (4, 8) and not data.dtype.is_complex:
+            return g(data, idx)
+        a = axis + data.dim() if axis < 0 else axis
+        i = _wrap_indices("Gather", idx, data.shape[a])
+        return data.index_select(a, i.reshape(-1)).reshape(
+            data.shape[:a] + idx.shape + data.shape[a + 1:])
+    return gather
+
+
+@kernel_op("GatherElements")
+def _gather_elements(ctx):
+    axis = ctx.attr("axis", 0)
+    g = functools.partial(kernels.get("GatherElements"), axis=axis)
+
+    def gather_elements(data, idx):
+        if data.dtype in FLOATS:
+            return g(data, idx)
+        a = axis + data.dim() if axis < 0 else axis
+        return torch.gather(data, a, _wrap_indices("GatherElements", idx, data.shape[a]))
+    return gather_elements
+
+
+@kernel_op("GatherND")
+def _gather_nd(ctx):
+    bd = ctx.attr("batch_dims", 0)
+    g = functools.partial(kernels.get("GatherND"), batch_dims=bd)
+    return _float_or(g, lambda data, idx: _gather_nd_torch(data, idx, bd))
+
+
+def _gather_nd_torch(data, idx, bd):
+    k = idx.shape[-1]
+    batch = data.shape[:bd]
+    nb = int(torch.tensor(batch).prod()) if bd else 1
+    d = data.reshape(nb, *data.shape[bd:])
+    ix = idx.reshape(nb, -1, k).long()
+    outs = []
+    for b in range(nb):
+        cols = [_wrap_indices("GatherND", ix[b, :, j], d.shape[1 + j]) for j in range(k)]
+        outs.append(d[b][tuple(cols)])
+    return torch.stack(outs).reshape(*idx.shape[:-1], *data.shape[bd + k:])
+
+
+@kernel_op("Slice")
+def _slice(ctx):
+    s = kernels.get("Slice")
+    if ctx.opset < 10:
+        starts, ends, axes = ctx.attr("starts"), ctx.attr("ends"), ctx.attr("axes")
+        return lambda x: s(x, starts, ends, axes)
+    return s
+
+
+@kernel_op("Split")
+def _split(ctx):
+    axis = ctx.attr("axis", 0)
+    n = len(ctx.node.output)
+    s = kernels.get("Split")
+    if ctx.opset < 13:
+        split = ctx.attr("split")
+        if split is None and ctx.has_input(1):
+            return lambda x, sp: _tuple(s(x, sp, axis=axis, num_outputs=n))
+        return lambda x: _tuple(s(x, split, axis=axis, num_outputs=n))
+    num = ctx.attr("num_outputs", n)
+    return lambda x, sp=None: _tuple(s(x, sp, axis=axis, num_outputs=num))
+
+
+def _tuple(r):
+    return r[0] if len(r) == 1 else tuple(r)
+
+
+@kernel_op("Concat")
+def _concat(ctx):
+    axis = ctx.attr("axis", 1 if ctx.opset < 4 else None)
+    c = kernels.get("Concat")
+    return lambda *xs: c(*xs, axis=axis)
+
+
+@kernel_op("SoftmaxCrossEntropyLoss", since=12)
+def _sce_loss(ctx):
+    return bind_kernel("SoftmaxCrossEntropyLoss", ctx)
+
+
+# ---- recurrent --------------------------------------------------------------------------------
+
+
+def _rnn(kind):
+    def factory(ctx):
+        kw = _kwargs(ctx, drop=("layout",))
+        layout = ctx.attr("layout", 0)
+        name = "LSTMTraining" if kind == "LSTM" else "GRUTraining"
+        n_out = len(ctx.node.output)
+        n_schema = 3 if kind == "LSTM" else 2
+        used = list(ctx.outputs_used) + [False] * (n_schema - n_out)
+        extra = [False] * (2 if kind == "LSTM" else 1)
+        f = functools.partial(kernels.get(name), needs=tuple(used[:n_schema] + extra), **kw)
+        sl_index = 4
+
+        def rnn(X, W, R, B=None, SL=None, *rest):
+            if SL is not None:
+                if not bool((SL == X.shape[1 if layout else 0]).all()):
+                    raise ValueError(f"{kind}: per-sequence lengths (sequence_lens) other "
+                                     "than the full length are not supported")
+                SL = None
+            if layout:
+                X = X.transpose(0, 1)
+                rest = tuple(r.transpose(0, 1) if r is not None else None for r in rest)
+            args = [X, W, R, B, SL, *rest]
+            if kind == "LSTM" and len(args) > 7:
+                args = args[:8]
+            outs = list(f(*args)[:n_schema])
+            if layout:
+                if outs[0] is not None:
+                    outs[0] = outs[0].permute(2, 0, 1, 3)
+                outs[1:] = [o.transpose(0, 1) if o is not None else None for o in outs[1:]]
+            return outs[0] if n_out == 1 else tuple(outs[:n_out])
+        del sl_index
+        return rnn
+    return factory
+
+
+kernel_op("LSTM", since=7)(_rnn("LSTM"))
+kernel_op("GRU", since=7)(_rnn("GRU"))
+
+
+# ---- com.microsoft (and ORT's default-domain training ops) -------------------------------------
+
+def _generic(name):
+    def factory(ctx):
+        return bind_kernel(name, ctx)
+    return factory
+
+
+def _pool_grad(name):
+    def factory(ctx):
+        shape = ctx.output_shapes[0] if ctx.output_shapes else None
+        if shape is None or any(not isinstance(d, int) for d in shape):
+            raise ctx.error("the shape of its output (the forward input's shape) must be "
+                            "known from the graph (value_info) to run this node")
+        return bind_kernel(name, ctx, kw={**_kwargs(ctx), "output_shape": list(shape)})
+    return factory
+
+
+@kernel_op("SplitTraining", domain=MS_DOMAIN)
+def _split_training(ctx):
+    axis = ctx.attr("axis", 0)
+    n = len(ctx.node.output)
+    s = kernels.get("SplitTraining")
+    num = ctx.attr("num_outputs", n)
+    return lambda x, sp: _tuple(s(x, sp, axis=axis, num_outputs=num))
+
+
+@kernel_op("ConcatTraining", domain=MS_DOMAIN)
+def _concat_training(ctx):
+    c = functools.partial(kernels.get("ConcatTraining"), axis=ctx.attr("axis"))
+    n = len(ctx.node.output)
+    return (lambda *xs: c(*xs)[0]) if n == 1 else (lambda *xs: tuple(c(*xs)))
+
+
+def _register_registry_ops():
+    onnx_names = {s.name for s in onnx.defs.get_all_schemas_with_history() if s.domain == ""}
+    for name in kernels.names():
+        if name in ("Split", "Concat", "ConcatTraining", "SplitTraining"):
+            continue
+        pure = name not in _IMPURE
+        factory = _pool_grad(name) if name in ("MaxPoolGrad", "AveragePoolGrad") \
+            else _generic(name)
+        if name in ("Gelu", "LayerNormalization", "SimplifiedLayerNormalization") or \
+                name not in onnx_names:
+            if lookup(MS_DOMAIN, name, 1) is None:
+                kernel_op(name, domain=MS_DOMAIN, pure=pure)(factory)
+        if name not in onnx_names and lookup(ONNX_DOMAIN, name, 1) is None:
+            # ORT registers several training ops in the default domain (MaxPoolGrad,
+            # SparseSoftmaxCrossEntropy, ...); accept them there too
+            kernel_op(name, domain=ONNX_DOMAIN, pure=pure)(factory)
+
+
+_register_registry_ops()

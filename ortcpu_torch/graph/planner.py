@@ -1,0 +1,237 @@
+"""The planner: one input signature -> a ``Plan`` (a straight-line program of bound calls).
+
+Built once per signature: nodes bound to their op-table entries with attributes parsed,
+constants and constant subgraphs folded (including ``Shape``/``Size`` of statically known
+shapes), fusions applied, each intermediate freed after its last use. The program is
+emitted as one Python function (one line per node, ``del`` after last uses) so a run is
+only the calls themselves; a failure is mapped back to its node through the line number.
+"""
+
+from __future__ import annotations
+
+import itertools
+import linecache
+from dataclasses import dataclass, field
+
+import onnx
+import torch
+
+from . import op_table
+from .op_table import NodeContext, UnsupportedOpError, parse_attrs
+
+
+class GraphRunError(RuntimeError):
+    """A node failed during a run; names the node and chains the kernel's error."""
+
+    def __init__(self, msg: str, node: onnx.NodeProto | None = None):
+        super().__init__(msg)
+        self.node = node
+
+
+@dataclass
+class BoundNode:
+    node: onnx.NodeProto
+    kind: str  # "kernel" / "torch"
+    fn: object
+
+
+@dataclass
+class Plan:
+    """A bound program for one input signature. ``run(*feeds)`` takes the graph inputs in
+    order (torch tensors, or lists for sequence inputs) and returns the outputs in order."""
+
+    input_names: list[str]
+    output_names: list[str]
+    bound: list[BoundNode]
+    folded: list[onnx.NodeProto]
+    fusions: list[str]
+    source: str
+    _fn: object = None
+    _line_node: dict = field(default_factory=dict)
+    _filename: str = ""
+
+    def run(self, *feeds):
+        try:
+            return self._fn(*feeds)
+        except Exception as e:  # map the failing line back to its node
+            node = self._failing_node(e)
+            if node is None:
+                raise
+            name = node.name or "<unnamed>"
+            dom = node.domain or "ai.onnx"
+            raise GraphRunError(f"{node.op_type} node {name!r} ({dom}) failed: "
+                                f"{type(e).__name__}: {e}", node) from e
+
+    def _failing_node(self, e: BaseException):
+        tb = e.__traceback__
+        node = None
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename == self._filename:
+                node = self._line_node.get(tb.tb_lineno)
+            tb = tb.tb_next
+        return node
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """op type -> {"kernel": n, "torch": n} over the bound (not folded) nodes."""
+        out: dict[str, dict[str, int]] = {}
+        for b in self.bound:
+            key = b.node.op_type if b.node.domain in ("", "ai.onnx") else \
+                f"{b.node.domain}.{b.node.op_type}"
+            c = out.setdefault(key, {"kernel": 0, "torch": 0})
+            c[b.kind] += 1
+        return out
+
+
+_plan_ids = itertools.count()
+
+
+def node_entry(node: onnx.NodeProto, opsets: dict[str, int]):
+    """The op-table entry for ``node``, or UnsupportedOpError naming it."""
+    domain = op_table.canonical_domain(node.domain)
+    opset = opsets.get(domain)
+    if opset is None:
+        raise UnsupportedOpError(
+            f"node {node.name!r} ({node.op_type}) uses domain {domain or 'ai.onnx'!r}, which "
+            f"the model does not import")
+    e = op_table.lookup(domain, node.op_type, opset)
+    if e is None:
+        raise UnsupportedOpError(
+            f"unsupported op: {node.op_type} (domain {domain or 'ai.onnx'!r}, opset {opset}) "
+            f"at node {node.name!r}; the executor has no binding for it")
+    return e
+
+
+def check_supported(graph: onnx.GraphProto, opsets: dict[str, int]) -> None:
+    for node in graph.node:
+        node_entry(node, opsets)
+
+
+def _is_const_node(node) -> bool:
+    return node.op_type == "Constant" and node.domain in ("", "ai.onnx")
+
+
+def build_plan(graph: onnx.GraphProto, opsets: dict[str, int], constants: dict,
+               fed_names: list[str], shapes: dict[str, tuple], *,
+               fuse: bool = True, nodes=None) -> Plan:
+    """Bind ``graph`` for one signature. ``constants``: name -> tensor of the initializers
+    that cannot be fed (shared, never written by the plan); ``fed_names``: the graph inputs
+    in order; ``shapes``: static shapes from ``shapes.infer_value_shapes``."""
+    from .fusions import apply_fusions
+
+    consts = dict(constants)
+    nodes = list(graph.node) if nodes is None else nodes
+    fusions: list[str] = []
+    if fuse:
+        nodes, fusions = apply_fusions(nodes, consts, graph, opsets)
+    outputs = [o.name for o in graph.output]
+    consumers: dict[str, int] = {}
+    for n in nodes:
+        for i in n.input:
+            if i:
+                consumers[i] = consumers.get(i, 0) + 1
+    for o in outputs:
+        consumers[o] = consumers.get(o, 0) + 1
+
+    folded, live_nodes = [], []
+    for node in nodes:
+        entry = node_entry(node, opsets)
+        attrs = parse_attrs(node)
+        in_consts = [consts.get(i) if i else None for i in node.input]
+        in_shapes = [shapes.get(i) if i else None for i in node.input]
+        ctx = NodeContext(node, attrs, opsets[op_table.canonical_domain(node.domain)],
+                          in_consts, [bool(o) and consumers.get(o, 0) > 0 for o in node.output],
+                          in_shapes, [shapes.get(o) if o else None for o in node.output])
+        fn = entry.factory(ctx)
+        present = [i for i in node.input if i]
+        foldable = entry.pure and all(i in consts for i in present)
+        meta_args = None
+        if entry.pure and not foldable and node.op_type in ("Shape", "Size") and \
+                node.domain in ("", "ai.onnx"):
+            s = in_shapes[0]
+            if s is not None and all(isinstance(d, int) for d in s):
+                meta_args = [torch.empty(s, device="meta")]
+        if foldable or meta_args is not None:
+            args = meta_args or [consts[i] if i else None for i in node.input]
+            try:
+                res = fn(*args)
+            except Exception:
+                res = None  # leave it to the run, which reports it against the node
+            if res is not None:
+                res = (res,) if len(node.output) == 1 else tuple(res)
+                for name, v in zip(node.output, res, strict=False):
+                    if name:
+                        consts[name] = v
+                folded.append(node)
+                continue
+        live_nodes.append((node, entry, fn))
+
+    return _emit(live_nodes, folded, fusions, consts, fed_names, outputs)
+
+
+def _emit(live_nodes, folded, fusions, consts, fed_names, outputs) -> Plan:
+    """Generate the straight-line run function."""
+    var: dict[str, str] = {}
+    glb: dict[str, object] = {}
+    for i, name in enumerate(fed_names):
+        var[name] = f"a{i}"
+    last_use: dict[str, int] = {}
+    for k, (node, _, _) in enumerate(live_nodes):
+        for i in node.input:
+            if i:
+                last_use[i] = k
+    out_set = set(outputs)
+    const_names: dict[str, str] = {}
+
+    def ref(name: str) -> str:
+        if not name:
+            return "None"
+        if name in var:
+            return var[name]
+        if name in consts:
+            if name not in const_names:
+                const_names[name] = f"k{len(const_names)}"
+                glb[const_names[name]] = consts[name]
+            return const_names[name]
+        raise UnsupportedOpError(f"value {name!r} is used but never produced (not an input, "
+                                 "initializer or node output)")
+
+    lines = [f"def run({', '.join(f'a{i}' for i in range(len(fed_names)))}):"]
+    line_node = {}
+    bound = []
+    counter = itertools.count()
+    for k, (node, entry, fn) in enumerate(live_nodes):
+        fname = f"f{k}"
+        glb[fname] = fn
+        args = ", ".join(ref(i) for i in node.input)
+        outs = []
+        for o in node.output:
+            if o:
+                v = f"v{next(counter)}"
+                var[o] = v
+                outs.append(v)
+            else:
+                outs.append("_")
+        if len(outs) == 1:
+            lhs = outs[0]
+        else:
+            lhs = ", ".join(outs) + ","
+        lines.append(f"    {lhs} = {fname}({args})")
+        line_node[len(lines)] = node
+        dead = [var[i] for i in dict.fromkeys(node.input)
+                if i and last_use.get(i) == k and i not in out_set and i in var
+                and not var[i].startswith("k")]
+        dead += [var[o] for o in node.output if o and o not in last_use and o not in out_set]
+        if dead:
+            lines.append(f"    del {', '.join(dead)}")
+        bound.append(BoundNode(node, entry.kind, fn))
+    rets = [ref(o) for o in outputs]
+    lines.append(f"    return ({', '.join(rets)}{',' if len(rets) == 1 else ''})")
+    source = "\n".join(lines) + "\n"
+    filename = f"<ortcpu_torch graph plan {next(_plan_ids)}>"
+    code = compile(source, filename, "exec")
+    exec(code, glb)  # noqa: S102  (our own generated straight-line program)
+    plan = Plan(list(fed_names), list(outputs), bound, folded, fusions, source,
+                glb["run"], line_node, filename)
+    # keep the generated source reachable for tracebacks and debugging
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    return plan

@@ -1,0 +1,60 @@
+"""Static shapes of every value for one input signature, from ONNX shape inference.
+
+The inference runs on a light copy of the model: large initializers become typed graph
+inputs (their data is not needed to infer shapes, and copying it would cost seconds on
+big models); small ones stay, so shape-valued constants still propagate (``data_prop``).
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx import helper
+
+_KEEP_INITIALIZER_ELEMS = 256
+
+
+def _dims(type_proto) -> tuple | None:
+    if not type_proto.HasField("tensor_type") or not type_proto.tensor_type.HasField("shape"):
+        return None
+    out = []
+    for d in type_proto.tensor_type.shape.dim:
+        out.append(d.dim_value if d.HasField("dim_value") else None)
+    return tuple(out)
+
+
+def infer_value_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple],
+                       input_types: dict[str, int]) -> dict[str, tuple]:
+    """name -> shape tuple (ints, None for an unknown dim) of every value onnx can infer."""
+    g = model.graph
+    light = onnx.GraphProto(name=g.name)
+    light.node.extend(g.node)
+    light.output.extend(g.output)
+    fed = set()
+    for name, shape in input_shapes.items():
+        light.input.append(helper.make_tensor_value_info(name, input_types[name], list(shape)))
+        fed.add(name)
+    for t in g.initializer:
+        if t.name in fed:
+            continue
+        n = 1
+        for d in t.dims:
+            n *= d
+        if n <= _KEEP_INITIALIZER_ELEMS:
+            light.initializer.append(t)
+        else:
+            light.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    m = helper.make_model(light, opset_imports=list(model.opset_import),
+                          ir_version=model.ir_version)
+    m.functions.extend(model.functions)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(m, data_prop=True)
+    except Exception:  # inference is an optimisation here; the run checks shapes itself
+        return dict(input_shapes)
+    out = {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.output) + \
+            list(inferred.graph.input):
+        d = _dims(vi.type)
+        if d is not None:
+            out[vi.name] = d
+    out.update(input_shapes)
+    return out

@@ -1,0 +1,154 @@
+"""Executor core: planning, folding, freeing, in-place feeds, errors mapped to nodes."""
+
+import gc
+import weakref
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper
+
+from ortcpu_torch.graph import Executor, FeedError, GraphRunError, InferenceSession, run_model
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17, ms=False):
+    g = h.make_graph(nodes, "g", inputs, outputs,
+                     initializer=[numpy_helper.from_array(v, k) for k, v in inits])
+    ops = [h.make_opsetid("", opset)] + ([h.make_opsetid("com.microsoft", 1)] if ms else [])
+    return h.make_model(g, opset_imports=ops, ir_version=8)
+
+
+def _vi(name, dt=TP.FLOAT, shape=None):
+    return h.make_tensor_value_info(name, dt, shape)
+
+
+def test_mlp_matches_torch_and_folds_shape():
+    w = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    b = np.arange(3, dtype=np.float32)
+    m = _model([h.make_node("MatMul", ["x", "w"], ["y"]), h.make_node("Add", ["y", "b"], ["z"]),
+                h.make_node("Relu", ["z"], ["r"]), h.make_node("Shape", ["r"], ["s"]),
+                h.make_node("Reshape", ["r", "s"], ["out"])],
+               [_vi("x", shape=["N", 4])], [_vi("out", shape=["N", 3])],
+               [("w", w), ("b", b)])
+    x = torch.randn(5, 4)
+    out = run_model(m, {"x": x})["out"]
+    torch.testing.assert_close(out, torch.relu(x @ torch.from_numpy(w) + torch.from_numpy(b)))
+    ex = Executor(m)
+    ex.run({"x": x})
+    plan = ex.plan_for([x])
+    assert [n.op_type for n in plan.folded] == ["Shape"]
+    assert plan.counts()["MatMul"] == {"kernel": 1, "torch": 0}
+    ex.run({"x": torch.randn(2, 4)})
+    assert len(ex._plans) == 2  # one plan per input signature
+
+
+def test_inplace_accumulator_writes_into_fed_tensor():
+    m = _model([h.make_node("InPlaceAccumulatorV2", ["buf", "g"], ["flag", "out"],
+                            domain="com.microsoft")],
+               [_vi("buf", shape=[3]), _vi("g", shape=[3])],
+               [_vi("flag", TP.BOOL, [1]), _vi("out", shape=[3])], ms=True)
+    buf = torch.ones(3)
+    ptr = buf.data_ptr()
+    ex = Executor(m)
+    res = ex.run({"buf": buf, "g": torch.full((3,), 2.0)})
+    ex.run({"buf": buf, "g": torch.full((3,), 2.0)})
+    assert buf.data_ptr() == ptr
+    torch.testing.assert_close(buf, torch.full((3,), 5.0))
+    assert res["out"].data_ptr() == ptr
+
+
+def test_intermediates_freed_after_last_use():
+    n = 30
+    nodes = [h.make_node("Mul", ["x" if i == 0 else f"t{i-1}", "two"], [f"t{i}"]) for i in range(n)]
+    m = _model(nodes, [_vi("x", shape=[1 << 18])], [_vi(f"t{n-1}", shape=[1 << 18])],
+               [("two", np.array(1.0, np.float32))])
+    ex = Executor(m, fuse=False)
+    x = torch.randn(1 << 18)
+    alive = []
+    orig = torch.mul
+
+    def spy(a, b):
+        r = orig(a, b)
+        alive.append(weakref.ref(r))
+        live = sum(1 for w in alive if w() is not None)
+        assert live <= 3, f"{live} intermediates alive"
+        return r
+    plan = ex.plan_for([x])
+    glb = plan._fn.__globals__
+    for k in list(glb):
+        if k.startswith("f"):
+            glb[k] = spy
+    out = plan.run(x)[0]
+    torch.testing.assert_close(out, x)
+    del out
+    gc.collect()
+
+
+def test_feed_errors_name_input():
+    m = _model([h.make_node("Relu", ["x"], ["y"])], [_vi("x", shape=["N", 4])],
+               [_vi("y", shape=["N", 4])])
+    s = InferenceSession(m)
+    with pytest.raises(FeedError, match="'x'.*dimension 1 must be 4"):
+        s.run(None, {"x": np.zeros((2, 5), np.float32)})
+    with pytest.raises(FeedError, match="'x'.*float.*got double"):
+        s.run(None, {"x": np.zeros((2, 4))})
+    with pytest.raises(FeedError, match="rank 2"):
+        s.run(None, {"x": np.zeros(4, np.float32)})
+    with pytest.raises(FeedError, match="unknown input 'z'"):
+        s.run(None, {"x": np.zeros((2, 4), np.float32), "z": np.zeros(1)})
+    with pytest.raises(FeedError, match="missing"):
+        s.run(None, {})
+    assert s.run(None, {"x": np.ones((2, 4), np.float32)})[0].sum() == 8
+
+
+def test_kernel_error_names_node_and_session_survives():
+    m = _model([h.make_node("Gather", ["x", "i"], ["y"], name="the_gather")],
+               [_vi("x", shape=[3, 2]), _vi("i", TP.INT64, [2])], [_vi("y", shape=[2, 2])])
+    s = InferenceSession(m)
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    with pytest.raises(GraphRunError, match="Gather node 'the_gather'.*index 7"):
+        s.run(None, {"x": x, "i": np.array([0, 7])})
+    y = s.run(None, {"x": x, "i": np.array([-1, 0])})[0]
+    np.testing.assert_array_equal(y, x[[2, 0]])
+
+
+def test_unsupported_op_named_at_creation():
+    m = _model([h.make_node("Unique", ["x"], ["y"], name="u1")], [_vi("x", shape=[3])],
+               [_vi("y", shape=["M"])])
+    with pytest.raises(NotImplementedError, match=r"Unique.*ai\.onnx.*opset 17.*'u1'"):
+        InferenceSession(m)
+
+
+def test_malformed_model_gives_checker_message(tmp_path):
+    from ortcpu_torch.graph import InvalidModelError
+    m = _model([h.make_node("Relu", ["x"], ["y"])], [_vi("x", shape=[2])], [_vi("y", shape=[2])])
+    data = m.SerializeToString()
+    with pytest.raises(InvalidModelError, match="not a valid ONNX model"):
+        InferenceSession(data[: len(data) // 2])
+    bad = onnx.ModelProto()
+    bad.CopyFrom(m)
+    bad.graph.node[0].input[0] = "nope"
+    with pytest.raises(InvalidModelError, match="checker"):
+        InferenceSession(bad)
+    p = tmp_path / "m.onnx"
+    p.write_bytes(b"\x00garbage\xff" * 10)
+    with pytest.raises(InvalidModelError):
+        InferenceSession(str(p))
+
+
+def test_torch_in_torch_out_numpy_in_numpy_out():
+    m = _model([h.make_node("Identity", ["x"], ["y"])], [_vi("x", shape=[2])],
+               [_vi("y", shape=[2])])
+    s = InferenceSession(m)
+    t = torch.ones(2)
+    (y,) = s.run(None, {"x": t})
+    assert isinstance(y, torch.Tensor) and y.data_ptr() == t.data_ptr()
+    a = np.ones(2, np.float32)
+    (ya,) = s.run(["y"], {"x": a})
+    assert isinstance(ya, np.ndarray) and not np.shares_memory(a, ya)
+    with pytest.raises(ValueError, match="providers"):
+        InferenceSession(m, providers=["CUDAExecutionProvider"])
+    assert s.get_inputs()[0].type == "tensor(float)" and s.get_outputs()[0].shape == [2]
