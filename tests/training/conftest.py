@@ -16,6 +16,7 @@ from . import models
 
 ort_artifacts_module = pytest.importorskip("onnxruntime.training.artifacts")
 ort_api = pytest.importorskip("onnxruntime.training.api")
+pytest.importorskip("onnxruntime").set_default_logger_severity(3)  # ORT logs every pass
 
 
 @dataclass

@@ -90,10 +90,19 @@ def gru(features=6, hidden=8, outputs=3, seed=0) -> onnx.ModelProto:
              _init(rng, "gru.R", (1, 3 * h, h), 1 / np.sqrt(h)),
              _init(rng, "gru.B", (1, 6 * h), 1 / np.sqrt(h)),
              _init(rng, "fc.weight", (outputs, h)), _init(rng, "fc.bias", (outputs,), 0.1),
-             numpy_helper.from_array(np.array([0], np.int64), "axes0")]
+             numpy_helper.from_array(np.array([0], np.int64), "axes0"),
+             numpy_helper.from_array(np.array([1], np.int64), "one"),
+             numpy_helper.from_array(np.array([h], np.int64), "hidden")]
+    # an explicit zero initial state, as torch exports it (ORT's GRU gradient needs it)
     nodes = [
+        helper.make_node("Shape", ["input"], ["in_shape"]),
+        helper.make_node("Gather", ["in_shape", "axes0"], ["batch"], axis=0),
+        helper.make_node("Concat", ["one", "batch", "hidden"], ["h0_shape"], axis=0),
+        helper.make_node("ConstantOfShape", ["h0_shape"], ["h0"],
+                         value=numpy_helper.from_array(np.zeros(1, np.float32))),
         helper.make_node("Transpose", ["input"], ["seq_first"], perm=[1, 0, 2]),
-        helper.make_node("GRU", ["seq_first", "gru.W", "gru.R", "gru.B"], ["", "h_last"],
+        helper.make_node("GRU", ["seq_first", "gru.W", "gru.R", "gru.B", "", "h0"],
+                         ["all_hidden", "h_last"],
                          hidden_size=h, linear_before_reset=1),
         helper.make_node("Squeeze", ["h_last", "axes0"], ["h"]),
         helper.make_node("Gemm", ["h", "fc.weight", "fc.bias"], ["output"], transB=1),

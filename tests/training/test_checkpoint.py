@@ -92,8 +92,8 @@ def test_ours_loads_in_ort_bit_identical(ort_mlp, tmp_path):
     assert read_checkpoint(out).optimizer_groups["group0"].step == 4
 
 
-def test_ours_byte_identical_to_ort_file(ort_mlp, tmp_path):
-    """Rewriting ORT's own file gives ORT's bytes back (same layout rules: sorted names)."""
+def test_rewriting_ort_file_keeps_every_value(ort_mlp, tmp_path):
+    """Re-encoding ORT's own file keeps every name, value and byte of tensor data."""
     _, path = _ort_trained_state(ort_mlp, tmp_path)
     c = read_checkpoint(path)
     mine = encode_checkpoint(c)

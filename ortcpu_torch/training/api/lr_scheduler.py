@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from .optimizer import Optimizer
 
 
@@ -45,10 +47,14 @@ class LinearLRScheduler:
         self._apply()
 
     def learning_rate_at(self, k: int) -> float:
-        """The scheduled learning rate after ``k`` optimizer steps."""
+        """The scheduled learning rate after ``k`` optimizer steps (float32 arithmetic, as
+        ORT computes it, so equal schedules give bit-equal rates)."""
+        f32 = np.float32
         if k < self._warmup:
-            return self._initial_lr * k / self._warmup
-        return self._initial_lr * max(0.0, (self._total - k) / max(1, self._total - self._warmup))
+            factor = f32(k) / f32(self._warmup)
+        else:
+            factor = max(f32(0), f32(self._total - k) / f32(max(1, self._total - self._warmup)))
+        return float(f32(self._initial_lr) * factor)
 
     def _apply(self) -> None:
         self._optimizer.set_learning_rate(self.learning_rate_at(self._optimizer._group.step))
