@@ -6,14 +6,19 @@
   (gradient builder, ORTModule, on-device training): torch tensors in and out, no copies,
   in-place training ops write into the fed tensors; one ``Plan`` per input signature.
 - ``op_table.supported()``: every (domain, op type, opset range) the executor binds.
+- ``build_gradient_graph``: an ONNX forward model -> its training graph (forward +
+  backward with ONNX Runtime's gradient ops, one ``<input>_grad`` output per trainable
+  input).
 """
 
 from .executor import Executor, FeedError, run_model
+from .gradient import FORWARD_NODES_KEY, GradientBuildError, build_gradient_graph
 from .loading import InvalidModelError, load_model
 from .op_table import UnsupportedOpError
 from .planner import GraphRunError, Plan
 from .session import InferenceSession, NodeArg, SessionOptions
 
-__all__ = ["Executor", "FeedError", "GraphRunError", "InferenceSession", "InvalidModelError",
-           "NodeArg", "Plan", "SessionOptions", "UnsupportedOpError", "load_model",
+__all__ = ["FORWARD_NODES_KEY", "Executor", "FeedError", "GradientBuildError",
+           "GraphRunError", "InferenceSession", "InvalidModelError", "NodeArg", "Plan",
+           "SessionOptions", "UnsupportedOpError", "build_gradient_graph", "load_model",
            "run_model"]
