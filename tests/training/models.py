@@ -49,8 +49,8 @@ def mlp(sizes=(20, 32, 10), seed=0) -> onnx.ModelProto:
                   inits, "mlp")
 
 
-def cnn(channels=4, classes=10, hw=8, seed=0) -> onnx.ModelProto:
-    """Conv3x3 - BatchNorm (training mode) - ReLU - MaxPool2 - Flatten - Linear."""
+def cnn(channels=4, classes=10, hw=8, seed=0, pool=True) -> onnx.ModelProto:
+    """Conv3x3 - BatchNorm (training mode) - ReLU - MaxPool2 (if ``pool``) - Flatten - Linear."""
     rng = np.random.default_rng(seed)
     c = channels
     inits = [_init(rng, "conv.weight", (c, 1, 3, 3)), _init(rng, "conv.bias", (c,), 1 / 3),
@@ -58,7 +58,7 @@ def cnn(channels=4, classes=10, hw=8, seed=0) -> onnx.ModelProto:
              numpy_helper.from_array(rng.uniform(-0.2, 0.2, c).astype(np.float32), "bn.bias"),
              numpy_helper.from_array(np.zeros(c, np.float32), "bn.running_mean"),
              numpy_helper.from_array(np.ones(c, np.float32), "bn.running_var"),
-             _init(rng, "fc.weight", (classes, c * (hw // 2) ** 2)),
+             _init(rng, "fc.weight", (classes, c * (hw // 2 if pool else hw) ** 2)),
              _init(rng, "fc.bias", (classes,), 0.1)]
     nodes = [
         helper.make_node("Conv", ["input", "conv.weight", "conv.bias"], ["conv_out"],
@@ -70,7 +70,8 @@ def cnn(channels=4, classes=10, hw=8, seed=0) -> onnx.ModelProto:
                          epsilon=1e-5, momentum=0.9, training_mode=1),
         helper.make_node("Relu", ["bn_out"], ["relu_out"]),
         helper.make_node("MaxPool", ["relu_out"], ["pool_out"], kernel_shape=[2, 2],
-                         strides=[2, 2]),
+                         strides=[2, 2]) if pool else
+        helper.make_node("Identity", ["relu_out"], ["pool_out"]),
         helper.make_node("Flatten", ["pool_out"], ["flat"], axis=1),
         helper.make_node("Gemm", ["flat", "fc.weight", "fc.bias"], ["output"], transB=1),
     ]
@@ -118,3 +119,25 @@ def gru(features=6, hidden=8, outputs=3, seed=0) -> onnx.ModelProto:
 def parameter_names(model: onnx.ModelProto) -> list[str]:
     """Float initializers: the parameters."""
     return [t.name for t in model.graph.initializer if t.data_type == TensorProto.FLOAT]
+
+
+def layernorm_mlp(features=12, hidden=16, classes=5, seed=0) -> onnx.ModelProto:
+    """Linear - LayerNormalization (one output, as torch exports it) - ReLU - Linear."""
+    rng = np.random.default_rng(seed)
+    inits = [_init(rng, "fc1.weight", (hidden, features)), _init(rng, "fc1.bias", (hidden,)),
+             numpy_helper.from_array(rng.uniform(0.5, 1.5, hidden).astype(np.float32),
+                                     "ln.weight"),
+             numpy_helper.from_array(rng.uniform(-0.1, 0.1, hidden).astype(np.float32),
+                                     "ln.bias"),
+             _init(rng, "fc2.weight", (classes, hidden)), _init(rng, "fc2.bias", (classes,))]
+    nodes = [
+        helper.make_node("Gemm", ["input", "fc1.weight", "fc1.bias"], ["h"], transB=1),
+        helper.make_node("LayerNormalization", ["h", "ln.weight", "ln.bias"], ["hn"],
+                         axis=-1, epsilon=1e-5),
+        helper.make_node("Relu", ["hn"], ["hr"]),
+        helper.make_node("Gemm", ["hr", "fc2.weight", "fc2.bias"], ["output"], transB=1),
+    ]
+    return _model(nodes,
+                  [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", features])],
+                  [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", classes])],
+                  inits, "layernorm_mlp")
