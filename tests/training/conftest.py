@@ -80,13 +80,23 @@ def ort_mlp(tmp_path_factory) -> Artifacts:
                              nominal_checkpoint=True)
 
 
-@pytest.fixture(scope="session")
-def ort_cnn(tmp_path_factory) -> Artifacts:
-    """Conv + BatchNorm + MaxPool + Linear, CrossEntropy + SGD."""
-    m = models.cnn()
+def _ort_cnn(tmp_path_factory, pool: bool) -> Artifacts:
+    m = models.cnn(pool=pool)
     params = [p for p in models.parameter_names(m) if "running" not in p]
     return generate_with_ort(tmp_path_factory.mktemp("ort_cnn"), m, requires_grad=params,
                              loss=LOSS.CrossEntropyLoss, optimizer=OPTIM.SGD)
+
+
+@pytest.fixture(scope="session")
+def ort_cnn(tmp_path_factory) -> Artifacts:
+    """Conv + BatchNorm + ReLU + Linear, CrossEntropy + SGD."""
+    return _ort_cnn(tmp_path_factory, pool=False)
+
+
+@pytest.fixture(scope="session")
+def ort_cnn_maxpool(tmp_path_factory) -> Artifacts:
+    """Conv + BatchNorm + ReLU + MaxPool + Linear, CrossEntropy + SGD."""
+    return _ort_cnn(tmp_path_factory, pool=True)
 
 
 @pytest.fixture(scope="session")

@@ -142,7 +142,7 @@ def test_batchnorm_running_stats_are_state(tmp_path):
     np.testing.assert_array_equal(back["bn.running_var"], state.parameters["bn.running_var"].data)
 
 
-def test_ort_generator_batchnorm_eval_model_does_not_load_in_ort(ort_cnn, tmp_path):
+def test_ort_generator_batchnorm_eval_model_does_not_load_in_ort(ort_cnn):
     """What ORT's generator writes for BatchNorm: an eval model ORT refuses, statistics
     baked in as constants. Ours loads (checked above) and keeps them as state."""
     state = ort_api.CheckpointState.load_checkpoint(ort_cnn.checkpoint)
