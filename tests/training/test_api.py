@@ -64,8 +64,19 @@ def _rel(a, b):
     return np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-30))
 
 
+def _export_runs_in_both(module, path, x: np.ndarray) -> None:
+    """The exported inference model runs in ORT's and our InferenceSession alike."""
+    module.export_model_for_inferencing(path, ["output"])
+    model = onnx.load(path)
+    assert [i.name for i in model.graph.input] == ["input"]
+    ref = ort.InferenceSession(os.fspath(path)).run(None, {"input": x})[0]
+    got = InferenceSession(os.fspath(path)).run(None, {"input": x})[0]
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+    assert np.all(np.isfinite(got))
+
+
 @pytest.mark.parametrize("which", ["mlp", "gru"])
-def test_trajectory_matches_ort(which, ort_mlp, ort_gru):
+def test_trajectory_matches_ort(which, ort_mlp, ort_gru, tmp_path):
     art, batch = {"mlp": (ort_mlp, mlp_batch), "gru": (ort_gru, gru_batch)}[which]
     theirs, ort_state, ort_module = _trajectory(ort_api, art, batch)
     ours, state, module = _trajectory(api, art, batch)
@@ -79,9 +90,10 @@ def test_trajectory_matches_ort(which, ort_mlp, ort_gru):
     x = batch(np.random.default_rng(5))
     for a, b in zip(_as_tuple(module(*x)), _as_tuple(ort_module(*x)), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    _export_runs_in_both(module, tmp_path / "inference.onnx", x[0])
 
 
-def _cnn_matches_ort(art):
+def _cnn_matches_ort(art, path):
     # ORT cannot load its own eval model here (BatchNormalization with training_mode=0 and
     # three outputs), so ORT runs without it; ours runs it
     theirs, _, _ = _trajectory(ort_api, art, cnn_batch, with_eval=False)
@@ -89,17 +101,19 @@ def _cnn_matches_ort(art):
     assert _rel(ours, theirs) <= REL_TOL, (ours, theirs)
     assert ours[-2] < 0.9 * ours[0]
     module.eval()
-    assert np.isfinite(module(*cnn_batch(np.random.default_rng(1))))
+    x = cnn_batch(np.random.default_rng(1))
+    assert np.isfinite(module(*x))
+    _export_runs_in_both(module, path, x[0])  # ORT runs our export of its eval model
 
 
-def test_cnn_batchnorm_sgd_trajectory_matches_ort(ort_cnn):
-    _cnn_matches_ort(ort_cnn)
+def test_cnn_batchnorm_sgd_trajectory_matches_ort(ort_cnn, tmp_path):
+    _cnn_matches_ort(ort_cnn, tmp_path / "inference.onnx")
 
 
 @pytest.mark.xfail(raises=ValueError, reason="executor: MaxPoolGrad's output shape is not "
                    "inferred for ORT-written training graphs yet (issue15)")
-def test_cnn_maxpool_trajectory_matches_ort(ort_cnn_maxpool):
-    _cnn_matches_ort(ort_cnn_maxpool)
+def test_cnn_maxpool_trajectory_matches_ort(ort_cnn_maxpool, tmp_path):
+    _cnn_matches_ort(ort_cnn_maxpool, tmp_path / "inference.onnx")
 
 
 def test_outputs_and_names_match_ort(ort_mlp):
