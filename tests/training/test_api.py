@@ -410,3 +410,31 @@ def test_checkpoint_not_matching_model(ort_mlp, ort_gru, tmp_path):
     bad.write_bytes(b"\x01\x02not a model")
     with pytest.raises(ValueError, match="train_model_uri.*not a readable ONNX model"):
         api.Module(bad, api.CheckpointState.load_checkpoint(ort_mlp.checkpoint))
+
+
+def test_ort_values_as_inputs(ort_mlp):
+    _, module, _ = _session(api, ort_mlp)
+    x, y = mlp_batch(np.random.default_rng(0))
+    as_ort = module(ort.OrtValue.ortvalue_from_numpy(x), ort.OrtValue.ortvalue_from_numpy(y))
+    np.testing.assert_array_equal(as_ort[0], module(x, y)[0])
+    np.testing.assert_array_equal(module(torch.from_numpy(x), torch.from_numpy(y))[0],
+                                  as_ort[0])
+
+
+def test_ort_optimizer_model_with_ir_14_loads_on_ours(ort_mlp, tmp_path):
+    """ORT's generator with onnx 1.23 writes the optimizer model with IR version 14, which
+    ORT 1.19.2 refuses; ours runs it as written."""
+    model = onnx.load(ort_mlp.optimizer)
+    model.ir_version = 14
+    path = tmp_path / "optimizer_ir14.onnx"
+    onnx.save(model, path)
+    state, module, _ = _session(api, ort_mlp)
+    opt = api.Optimizer(path, module)
+    before = state.parameters["fc1.weight"].data
+    module(*mlp_batch(np.random.default_rng(0)))
+    opt.step()
+    assert not np.array_equal(state.parameters["fc1.weight"].data, before)
+    ort_state = ort_api.CheckpointState.load_checkpoint(ort_mlp.checkpoint)
+    ort_module = ort_api.Module(ort_mlp.train, ort_state)
+    with pytest.raises(Exception, match="IR version"):
+        ort_api.Optimizer(os.fspath(path), ort_module)
