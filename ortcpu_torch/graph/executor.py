@@ -136,9 +136,9 @@ class Executor:
         shapes_in = {s.name: tuple(v.shape) for s, v in zip(self.inputs, values, strict=True)
                      if isinstance(v, torch.Tensor)}
         types_in = {s.name: s.elem_type for s in self.inputs}
-        shapes = infer_value_shapes(self.model, shapes_in, types_in)
+        shapes, types = infer_value_shapes(self.model, shapes_in, types_in)
         plan = build_plan(self.model.graph, self.opsets, self.constants, self.input_names,
-                          shapes, fuse=self.fuse)
+                          shapes, types, fuse=self.fuse)
         if len(self._plans) >= 64:  # bound the cache under ever-changing shapes
             self._plans.pop(next(iter(self._plans)))
         self._plans[key] = plan

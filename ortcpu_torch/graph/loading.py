@@ -44,10 +44,30 @@ def load_model(model, *, check: bool = True) -> onnx.ModelProto:
                 from None
     if check:
         try:
-            onnx.checker.check_model(proto)
+            onnx.checker.check_model(_checkable(proto))
         except (onnx.checker.ValidationError, ValueError) as e:
             raise InvalidModelError(f"onnx.checker rejected the model: {e}") from None
     return proto
+
+
+_ORT_CHECK_DOMAIN = "ortcpu_torch.ort_default_domain"
+
+
+def _checkable(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto``, or a copy for the checker in which onnxruntime's training ops that it
+    registers in the default domain (MaxPoolGrad, AveragePoolGrad, ...; onnx has no
+    schema for them) sit in a custom domain, which the checker leaves to the runtime."""
+    nonstandard = [n for n in proto.graph.node
+                   if n.domain in ("", "ai.onnx") and not onnx.defs.has(n.op_type)]
+    if not nonstandard:
+        return proto
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    for n in copy.graph.node:
+        if n.domain in ("", "ai.onnx") and not onnx.defs.has(n.op_type):
+            n.domain = _ORT_CHECK_DOMAIN
+    copy.opset_import.add(domain=_ORT_CHECK_DOMAIN, version=1)
+    return copy
 
 
 def _parse(data: bytes, what: str) -> onnx.ModelProto:

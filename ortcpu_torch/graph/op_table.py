@@ -46,6 +46,15 @@ class NodeContext:
     outputs_used: list  # per output: True if anything reads it (or it is a graph output)
     input_shapes: list = field(default_factory=list)  # per input: tuple of ints/None, or None
     output_shapes: list = field(default_factory=list)  # per output, as input_shapes
+    input_dtypes: list = field(default_factory=list)  # per input: torch dtype, or None
+    value_shapes: dict = field(default_factory=dict)  # every statically known value shape
+    # values a factory asks to receive after the node's own inputs (read by the planner)
+    extra_inputs: list = field(default_factory=list)
+    graph_values: frozenset = frozenset()  # every value name produced or fed in the graph
+
+    def dtype(self, i: int = 0):
+        """The statically known torch dtype of input ``i`` (None if unknown)."""
+        return self.input_dtypes[i] if i < len(self.input_dtypes) else None
 
     @property
     def name(self) -> str:

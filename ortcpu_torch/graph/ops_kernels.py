@@ -81,12 +81,33 @@ def _cut(r, n):
     return r
 
 
-def _float_or(kernel, fallback):
-    """Run ``kernel`` on float32/float64 first inputs, ``fallback`` (torch) otherwise."""
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _float_or(kernel, fallback, ctx=None):
+    """Run ``kernel`` on float32/float64 first inputs (float16/bfloat16 computed in float32
+    and rounded back), ``fallback`` (torch) on other dtypes. When the planner knows the
+    dtype is float32/float64, the kernel itself is returned (no per-run check)."""
+    if ctx is not None and ctx.dtype(0) in FLOATS:
+        return kernel
+
     def run(x, *rest):
         if x.dtype in FLOATS:
             return kernel(x, *rest)
+        if x.dtype in _HALF:
+            r = kernel(x.float(), *[t.float() if isinstance(t, torch.Tensor) and
+                                    t.dtype == x.dtype else t for t in rest])
+            return r.to(x.dtype) if isinstance(r, torch.Tensor) else \
+                tuple(t.to(x.dtype) if t is not None and t.dtype == torch.float32 else t
+                      for t in r)
         return fallback(x, *rest)
+    return run
+
+
+def _not_supported(op_name):
+    def run(x, *rest):
+        raise TypeError(f"{op_name}: input dtype {x.dtype} is not supported "
+                        "(float32/float64, float16/bfloat16)")
     return run
 
 
@@ -99,20 +120,21 @@ def kernel_op(op_type, *, domain=ONNX_DOMAIN, since=1, until=10**6, pure=True):
 for _name, _fallback in (("Relu", torch.relu), ("Sigmoid", torch.sigmoid),
                          ("Tanh", torch.tanh)):
     kernel_op(_name)(lambda ctx, _n=_name, _f=_fallback:
-                     _float_or(bind_kernel(_n, ctx, kw={}), _f))
+                     _float_or(bind_kernel(_n, ctx, kw={}), _f, ctx))
 
 
 @kernel_op("LeakyRelu")
 def _leaky_relu(ctx):
     alpha = ctx.attr("alpha", 0.01)
     return _float_or(bind_kernel("LeakyRelu", ctx, kw={"alpha": alpha}),
-                     lambda x: F.leaky_relu(x, alpha))
+                     lambda x: F.leaky_relu(x, alpha), ctx)
 
 
 @kernel_op("Gelu", since=20)
 def _gelu(ctx):
     approx = ctx.attr("approximate", "none")
-    return bind_kernel("FastGelu" if approx == "tanh" else "Gelu", ctx, kw={})
+    name = "FastGelu" if approx == "tanh" else "Gelu"
+    return _float_or(bind_kernel(name, ctx, kw={}), _not_supported(name), ctx)
 
 
 def _softmax(log):
@@ -120,7 +142,8 @@ def _softmax(log):
         coerce = ctx.opset < 13
         axis = ctx.attr("axis", 1 if coerce else -1)
         name = "LogSoftmax" if log else "Softmax"
-        return functools.partial(softmax_forward, name, axis=axis, log=log, coerce_2d=coerce)
+        return _float_or(functools.partial(softmax_forward, name, axis=axis, log=log,
+                                           coerce_2d=coerce), _not_supported(name), ctx)
     return factory
 
 
@@ -133,8 +156,13 @@ kernel_op("LogSoftmax")(_softmax(True))
 
 @kernel_op("MatMul")
 def _matmul(ctx):
-    mm = kernels.get("MatMul")
-    return lambda a, b: mm(a, b) if a.dtype in FLOATS else torch.matmul(a, b)
+    return _float_or(kernels.get("MatMul"), _int_matmul, ctx)
+
+
+def _int_matmul(a, b):
+    if a.dtype in (torch.int32, torch.int64, torch.uint32, torch.uint64):
+        return torch.matmul(a.to(torch.int64), b.to(torch.int64)).to(a.dtype)
+    return torch.matmul(a, b)
 
 
 @kernel_op("Gemm")
@@ -172,16 +200,22 @@ def _fused_matmul(ctx):
 
 @kernel_op("Conv")
 def _conv(ctx):
-    return bind_kernel("Conv", ctx)
+    return _float_or(bind_kernel("Conv", ctx), _not_supported("Conv"), ctx)
 
 
 @kernel_op("MaxPool")
 def _maxpool(ctx):
-    return bind_kernel("MaxPool", ctx)
+    k = bind_kernel("MaxPool", ctx)
+
+    def int_maxpool(x):  # integer maps (int8/uint8 in ONNX): exact in float64
+        r = k(x.double())
+        return r.to(x.dtype) if isinstance(r, torch.Tensor) else (r[0].to(x.dtype), *r[1:])
+    return _float_or(k, int_maxpool, ctx)
 
 
 for _name in ("AveragePool", "GlobalAveragePool", "GlobalMaxPool"):
-    kernel_op(_name)(lambda ctx, _n=_name: bind_kernel(_n, ctx))
+    kernel_op(_name)(lambda ctx, _n=_name: _float_or(bind_kernel(_n, ctx), _not_supported(_n),
+                                                     ctx))
 
 
 # ---- normalisation ---------------------------------------------------------------------------
@@ -210,6 +244,14 @@ def _batchnorm(ctx):
 
 
 kernel_op("LayerNormalization")(lambda ctx: bind_kernel("LayerNormalization", ctx))
+
+
+@kernel_op("RMSNormalization", since=23)
+def _rms_norm(ctx):  # ONNX-23 RMSNormalization is ORT's SimplifiedLayerNormalization
+    kw = {"axis": ctx.attr("axis", -1), "epsilon": ctx.attr("epsilon", 1e-5),
+          "stash_type": ctx.attr("stash_type", 1), "needs": (True, False)}
+    f = functools.partial(kernels.get("SimplifiedLayerNormalization"), **kw)
+    return _float_or(lambda x, s: f(x, s)[0], _not_supported("RMSNormalization"), ctx)
 kernel_op("SimplifiedLayerNormalization")(
     lambda ctx: bind_kernel("SimplifiedLayerNormalization", ctx))
 
@@ -300,8 +342,16 @@ def _split(ctx):
         if split is None and ctx.has_input(1):
             return lambda x, sp: _tuple(s(x, sp, axis=axis, num_outputs=n))
         return lambda x: _tuple(s(x, split, axis=axis, num_outputs=n))
-    num = ctx.attr("num_outputs", n)
-    return lambda x, sp=None: _tuple(s(x, sp, axis=axis, num_outputs=num))
+    num = ctx.attr("num_outputs")
+    if num is None:
+        return lambda x, sp=None: _tuple(s(x, sp, axis=axis, num_outputs=n))
+
+    def split_n(x, sp=None):  # opset 18: the last chunk may be smaller
+        dim = x.shape[axis]
+        chunk = -(-dim // num)
+        sizes = [min(chunk, max(dim - chunk * i, 0)) for i in range(num)]
+        return _tuple(s(x, sizes, axis=axis))
+    return split_n
 
 
 def _tuple(r):
@@ -373,10 +423,24 @@ def _generic(name):
 def _pool_grad(name):
     def factory(ctx):
         shape = ctx.output_shapes[0] if ctx.output_shapes else None
-        if shape is None or any(not isinstance(d, int) for d in shape):
+        out = ctx.node.output[0]
+        if shape is not None and all(isinstance(d, int) for d in shape):
+            return bind_kernel(name, ctx, kw={**_kwargs(ctx), "output_shape": list(shape)})
+        fwd = out[: -len("_grad")] if out.endswith("_grad") else None
+        if fwd is None or fwd not in ctx.graph_values:
             raise ctx.error("the shape of its output (the forward input's shape) must be "
                             "known from the graph (value_info) to run this node")
-        return bind_kernel(name, ctx, kw={**_kwargs(ctx), "output_shape": list(shape)})
+        # ORT's gradient builder names the gradient of value v "v_grad": take the shape
+        # from v itself at run time
+        ctx.extra_inputs.append(fwd)
+        f = kernels.get(name)
+        kw = _kwargs(ctx)
+        n_in = len(ctx.node.input)
+
+        def pool_grad(*args):
+            *ins, ref = args
+            return f(*ins[:n_in], output_shape=list(ref.shape), **kw)
+        return pool_grad
     return factory
 
 

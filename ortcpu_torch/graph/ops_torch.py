@@ -50,6 +50,34 @@ def _axes(axes, rank):
     return [a + rank if a < 0 else a for a in axes]
 
 
+_WIDE_UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)
+
+
+def _via_int64(fn):
+    """``fn`` on uint16/32/64 inputs (torch has few kernels for them): computed in int64
+    (uint64 reinterpreted, exact below 2**63) and cast back."""
+    def run(*xs):
+        dt = next((x.dtype for x in xs if isinstance(x, torch.Tensor)), None)
+        if dt not in _WIDE_UNSIGNED:
+            return fn(*xs)
+        ys = [x.view(torch.int64) if x.dtype == torch.uint64 else x.to(torch.int64)
+              if isinstance(x, torch.Tensor) and x.dtype in _WIDE_UNSIGNED else x for x in xs]
+        y = fn(*ys)
+        if y.dtype == torch.int64:
+            y = y.view(torch.uint64) if dt == torch.uint64 else y.to(dt)
+        return y
+    return run
+
+
+def _uint_safe(ctx, fn):
+    """``fn`` itself when the first input's dtype is known and torch handles it; a
+    dtype-checking wrapper otherwise."""
+    dt = ctx.dtype(0)
+    if dt is not None and dt not in _WIDE_UNSIGNED:
+        return fn
+    return _via_int64(fn)
+
+
 # ---- elementwise ------------------------------------------------------------------------
 
 _UNARY = {
@@ -65,7 +93,7 @@ _UNARY = {
     "Mish": lambda x: x * torch.tanh(F.softplus(x)),
 }
 for _name, _fn in _UNARY.items():
-    op(_name)(lambda ctx, _f=_fn: _f)
+    op(_name)(lambda ctx, _f=_fn: _uint_safe(ctx, _f))
 
 _BINARY = {
     "Add": torch.add, "Sub": torch.sub, "Mul": torch.mul, "Equal": torch.eq,
@@ -75,28 +103,25 @@ _BINARY = {
     "BitwiseXor": torch.bitwise_xor,
 }
 for _name, _fn in _BINARY.items():
-    op(_name)(lambda ctx, _f=_fn: _f)
+    op(_name)(lambda ctx, _f=_fn: _uint_safe(ctx, _f))
 
 
 @op("Div")
 def _div(ctx):
+    if ctx.dtype(0) is not None and ctx.dtype(0).is_floating_point:
+        return torch.div
+
     def div(a, b):
         if a.dtype.is_floating_point:
             return torch.div(a, b)
         return torch.div(a, b, rounding_mode="trunc")  # C integer division, as ORT
-    return div
+    return _via_int64(div)
 
 
 @op("Mod")
 def _mod(ctx):
-    if ctx.attr("fmod", 0):
-        return torch.fmod
-
-    def mod(a, b):
-        if a.dtype.is_floating_point:
-            raise ctx.error("fmod=0 is only defined for integer inputs")
-        return torch.remainder(a, b)
-    return mod
+    # fmod=1: sign of the dividend (C fmod); fmod=0: sign of the divisor (Python's %)
+    return _via_int64(torch.fmod if ctx.attr("fmod", 0) else torch.remainder)
 
 
 @op("Pow")
@@ -110,7 +135,7 @@ def _pow(ctx):
 @op("BitShift")
 def _bitshift(ctx):
     left = ctx.attr("direction") == "LEFT"
-    return (lambda a, b: a << b) if left else (lambda a, b: a >> b)
+    return _via_int64((lambda a, b: a << b) if left else (lambda a, b: a >> b))
 
 
 def _variadic(fn):
@@ -119,9 +144,9 @@ def _variadic(fn):
     return run
 
 
-op("Max")(lambda ctx: _variadic(torch.maximum))
-op("Min")(lambda ctx: _variadic(torch.minimum))
-op("Sum")(lambda ctx: _variadic(torch.add))
+op("Max")(lambda ctx: _via_int64(_variadic(torch.maximum)))
+op("Min")(lambda ctx: _via_int64(_variadic(torch.minimum)))
+op("Sum")(lambda ctx: _via_int64(_variadic(torch.add)))
 
 
 @op("Mean")
@@ -149,7 +174,13 @@ def _isinf(ctx):
 
 @op("PRelu")
 def _prelu(ctx):
-    return lambda x, slope: torch.where(x < 0, x * slope, x)
+    legacy = ctx.opset < 7  # a 1-D slope is per channel (dim 1), not numpy-broadcast
+
+    def prelu(x, slope):
+        if legacy and slope.dim() == 1 and slope.numel() > 1 and x.dim() > 2:
+            slope = slope.reshape([-1] + [1] * (x.dim() - 2))
+        return torch.where(x < 0, x * slope, x)
+    return prelu
 
 
 @op("Clip")
@@ -212,9 +243,26 @@ def _shrink(ctx):
     return shrink
 
 
+_FLOAT8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2, torch.float8_e5m2fnuz)
+
+
 @op("Cast")
 def _cast(ctx):
     dt = torch_dtype(ctx.attr("to"), f"Cast node {ctx.name!r}")
+    if dt in _FLOAT8 and ctx.attr("saturate", 1):
+        top = torch.finfo(dt).max
+        has_inf = dt == torch.float8_e5m2
+
+        def cast_saturate(x):  # out-of-range values clamp to the largest finite value
+            if not x.dtype.is_floating_point:
+                return x.to(dt)
+            y = x.float()
+            keep_inf = torch.isinf(y) if has_inf else None
+            y = y.clamp(-top, top)
+            if keep_inf is not None:
+                y = torch.where(keep_inf, x.float(), y)
+            return y.to(dt)
+        return cast_saturate
     return lambda x: x.to(dt)
 
 
@@ -398,10 +446,12 @@ def _depth_to_space(ctx):
 
 @op("SpaceToDepth")
 def _space_to_depth(ctx):
-    b = ctx.attr("blocksize")
+    b, mode = ctx.attr("blocksize"), ctx.attr("mode", "DCR")
+    perm = (0, 3, 5, 1, 2, 4) if mode == "DCR" else (0, 1, 3, 5, 2, 4)
+
     def s2d(x):
         n, c, h, w = x.shape
-        y = x.reshape(n, c, h // b, b, w // b, b).permute(0, 3, 5, 1, 2, 4)
+        y = x.reshape(n, c, h // b, b, w // b, b).permute(*perm)
         return y.reshape(n, c * b * b, h // b, w // b)
     return s2d
 
@@ -587,7 +637,10 @@ def _mvn(ctx):
 @op("LpNormalization")
 def _lp_norm(ctx):
     axis, p = ctx.attr("axis", -1), ctx.attr("p", 2)
-    return lambda x: x / torch.linalg.vector_norm(x, p, dim=axis, keepdim=True)
+    def lp_norm(x):
+        norm = torch.linalg.vector_norm(x, p, dim=axis, keepdim=True)
+        return torch.where(norm == 0, torch.zeros((), dtype=x.dtype), x / norm)
+    return lp_norm
 
 
 # ---- indexing -----------------------------------------------------------------------------
@@ -729,8 +782,8 @@ def _resize_axis(x, axis, out_n, scale, roi, attrs):
         src = off + (i + 0.5) / scale - 0.5
     elif ctm == "pytorch_half_pixel":
         src = (i + 0.5) / scale - 0.5 if out_n > 1 else torch.zeros_like(i)
-    elif ctm == "align_corners":
-        src = i * (n - 1) / (out_n - 1) if out_n > 1 else torch.zeros_like(i)
+    elif ctm == "align_corners":  # ONNX uses the unrounded resized length n·scale
+        src = i * (n - 1) / (n * scale - 1) if n * scale != 1 else torch.zeros_like(i)
     elif ctm == "asymmetric":
         src = i / scale
     elif ctm == "tf_half_pixel_for_nn":
@@ -912,12 +965,12 @@ def _conv_transpose(ctx):
             pads = _split_pads(total, auto)
         fn = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[nd - 1]
         y = fn(x, w, None, stride=strides, groups=group, dilation=dil)
-        for i in range(nd):  # ONNX pads crop the full transposed output
-            y = y.narrow(2 + i, pads[i], y.shape[2 + i] - pads[i] - pads[i + nd])
-        if any(opad):
-            spec = []
-            for i in range(nd - 1, -1, -1):
-                spec += [0, opad[i]]
+        # the full output, output_padding appended at the end, then ONNX's pads cropped
+        # (a negative pad, from an output_shape larger than the full output, extends)
+        spec = []
+        for i in range(nd - 1, -1, -1):
+            spec += [-pads[i], opad[i] - pads[i + nd]]
+        if any(spec):
             y = F.pad(y, spec)
         if b is not None:
             y = y + b.reshape([1, -1] + [1] * nd)
@@ -930,7 +983,6 @@ def _split_pads(total, auto):
     begin = [0] * nd
     end = [0] * nd
     for i, t in enumerate(total):
-        t = max(t, 0)
         if auto == "SAME_UPPER":
             begin[i], end[i] = t // 2, t - t // 2
         else:
@@ -993,3 +1045,99 @@ def _split_to_seq(ctx):
             return list(torch.split(x, sp[0], a))
         return list(torch.split(x, sp, a))
     return split
+
+
+# ---- later additions to the standard set ---------------------------------------------------
+
+
+@op("Swish")
+def _swish(ctx):
+    alpha = ctx.attr("alpha", 1.0)
+    return lambda x: x * torch.sigmoid(alpha * x)
+
+
+@op("CumProd")
+def _cumprod(ctx):
+    excl, rev = ctx.attr("exclusive", 0), ctx.attr("reverse", 0)
+    def cumprod(x, axis):
+        a = int(axis.item())
+        a = a + x.dim() if a < 0 else a
+        y = x.flip(a) if rev else x
+        if excl:  # shift right by one, filling with the identity 1
+            y = torch.cat([torch.ones_like(y.narrow(a, 0, 1)), y.narrow(a, 0, y.shape[a] - 1)], a)
+        p = torch.cumprod(y, a, dtype=x.dtype)
+        return p.flip(a) if rev else p
+    return cumprod
+
+
+@op("Compress")
+def _compress(ctx):
+    axis = ctx.attr("axis")
+    def compress(x, cond):
+        c = cond.bool().reshape(-1)
+        if axis is None:
+            flat = x.reshape(-1)
+            return flat[: c.numel()][c[: flat.numel()]]
+        a = axis + x.dim() if axis < 0 else axis
+        idx = torch.nonzero(c[: x.shape[a]]).reshape(-1)
+        return x.index_select(a, idx)
+    return compress
+
+
+@op("GroupNormalization", since=18)
+def _group_norm(ctx):
+    eps, groups = ctx.attr("epsilon", 1e-5), ctx.attr("num_groups")
+    per_group_affine = ctx.opset < 21  # opset 18: scale/bias per group; 21: per channel
+    def group_norm(x, scale, bias):
+        n, c = x.shape[:2]
+        xg = x.double().reshape(n, groups, -1)
+        mean = xg.mean(-1, keepdim=True)
+        var = ((xg - mean) ** 2).mean(-1, keepdim=True)
+        y = ((xg - mean) / torch.sqrt(var + eps)).reshape(x.shape)
+        shp = [1, c] + [1] * (x.dim() - 2)
+        if per_group_affine:
+            scale = scale.repeat_interleave(c // groups)
+            bias = bias.repeat_interleave(c // groups)
+        return (y * scale.double().reshape(shp) + bias.double().reshape(shp)).to(x.dtype)
+    return group_norm
+
+
+@op("Det")
+def _det(ctx):
+    return lambda x: torch.linalg.det(x)
+
+
+@op("ReverseSequence")
+def _reverse_sequence(ctx):
+    batch_axis, time_axis = ctx.attr("batch_axis", 1), ctx.attr("time_axis", 0)
+    def reverse(x, lens):
+        y = x.clone()
+        for b, n in enumerate(lens.tolist()):
+            src = x.select(batch_axis, b)
+            dst = y.select(batch_axis, b)
+            t = time_axis if time_axis < batch_axis else time_axis - 1
+            dst.narrow(t, 0, n).copy_(src.narrow(t, 0, n).flip(t))
+        return y
+    return reverse
+
+
+@op("NegativeLogLikelihoodLoss", since=12)
+def _nll_loss(ctx):
+    reduction, ignore = ctx.attr("reduction", "mean"), ctx.attr("ignore_index")
+    def nll(x, target, weight=None):
+        t = target.long()
+        mask = torch.ones_like(t, dtype=torch.bool) if ignore is None else t != ignore
+        tc = torch.where(mask, t, 0)
+        if tc.numel() and (bool((tc < 0).any()) or bool((tc >= x.shape[1]).any())):
+            raise IndexError(f"NegativeLogLikelihoodLoss: target holds a class outside "
+                             f"[0, {x.shape[1] - 1}]")
+        picked = x.gather(1, tc.unsqueeze(1)).squeeze(1)
+        w = weight[tc] if weight is not None else torch.ones_like(picked)
+        w = w * mask.to(w.dtype)
+        loss = -picked * w
+        if reduction == "none":
+            return loss
+        if reduction == "sum":
+            return loss.sum()
+        return loss.sum() / w.sum()
+    return nll

@@ -17,6 +17,7 @@ import onnx
 import torch
 
 from . import op_table
+from .dtypes import ONNX_TO_TORCH
 from .op_table import NodeContext, UnsupportedOpError, parse_attrs
 
 
@@ -111,7 +112,7 @@ def _is_const_node(node) -> bool:
 
 
 def build_plan(graph: onnx.GraphProto, opsets: dict[str, int], constants: dict,
-               fed_names: list[str], shapes: dict[str, tuple], *,
+               fed_names: list[str], shapes: dict[str, tuple], types: dict | None = None, *,
                fuse: bool = True, nodes=None) -> Plan:
     """Bind ``graph`` for one signature. ``constants``: name -> tensor of the initializers
     that cannot be fed (shared, never written by the plan); ``fed_names``: the graph inputs
@@ -132,6 +133,8 @@ def build_plan(graph: onnx.GraphProto, opsets: dict[str, int], constants: dict,
     for o in outputs:
         consumers[o] = consumers.get(o, 0) + 1
 
+    graph_values = frozenset([*fed_names, *consts,
+                              *(o for n in nodes for o in n.output if o)])
     folded, live_nodes = [], []
     for node in nodes:
         entry = node_entry(node, opsets)
@@ -140,8 +143,14 @@ def build_plan(graph: onnx.GraphProto, opsets: dict[str, int], constants: dict,
         in_shapes = [shapes.get(i) if i else None for i in node.input]
         ctx = NodeContext(node, attrs, opsets[op_table.canonical_domain(node.domain)],
                           in_consts, [bool(o) and consumers.get(o, 0) > 0 for o in node.output],
-                          in_shapes, [shapes.get(o) if o else None for o in node.output])
+                          in_shapes, [shapes.get(o) if o else None for o in node.output],
+                          [_dtype_of(i, consts, types) for i in node.input], shapes,
+                          graph_values=graph_values)
         fn = entry.factory(ctx)
+        if ctx.extra_inputs:  # the binding reads more values than the node lists
+            node = _with_inputs(node, ctx.extra_inputs)
+            for i in ctx.extra_inputs:
+                consumers[i] = consumers.get(i, 0) + 1
         present = [i for i in node.input if i]
         foldable = entry.pure and all(i in consts for i in present)
         meta_args = None
@@ -166,6 +175,23 @@ def build_plan(graph: onnx.GraphProto, opsets: dict[str, int], constants: dict,
         live_nodes.append((node, entry, fn))
 
     return _emit(live_nodes, folded, fusions, consts, fed_names, outputs)
+
+
+def _with_inputs(node, extra):
+    n = onnx.NodeProto()
+    n.CopyFrom(node)
+    n.input.extend(extra)
+    return n
+
+
+def _dtype_of(name, consts, types):
+    if not name:
+        return None
+    c = consts.get(name)
+    if isinstance(c, torch.Tensor):
+        return c.dtype
+    e = (types or {}).get(name)
+    return ONNX_TO_TORCH.get(e) if e else None
 
 
 def _emit(live_nodes, folded, fusions, consts, fed_names, outputs) -> Plan:

@@ -103,8 +103,9 @@ class InferenceSession:
         if not isinstance(input_feed, dict):
             raise FeedError(f"input_feed must be a dict of input name -> array, got "
                             f"{type(input_feed).__name__}")
-        as_numpy = any(isinstance(v, np.ndarray | np.generic) for v in input_feed.values()) \
-            or not input_feed
+        as_numpy = not any(isinstance(v, torch.Tensor) or
+                           (isinstance(v, list) and v and isinstance(v[0], torch.Tensor))
+                           for v in input_feed.values())
         feeds = {k: _to_torch(k, v) for k, v in input_feed.items()}
         vals = self._ex.positional(feeds)
         plan = self._ex.plan_for(vals)
@@ -146,9 +147,18 @@ class InferenceSession:
         return "\n".join(lines)
 
 
+# numpy dtypes of the ml_dtypes package (what onnx uses) -> torch dtypes, same bits
+_ML_DTYPES = {"bfloat16": torch.bfloat16, "float8_e4m3fn": torch.float8_e4m3fn,
+              "float8_e4m3fnuz": torch.float8_e4m3fnuz, "float8_e5m2": torch.float8_e5m2,
+              "float8_e5m2fnuz": torch.float8_e5m2fnuz}
+_TORCH_TO_ML = {v: k for k, v in _ML_DTYPES.items()}
+
+
 def _to_torch(name, v):
-    if isinstance(v, torch.Tensor) or isinstance(v, list):
+    if isinstance(v, torch.Tensor):
         return v
+    if isinstance(v, (list, tuple)):
+        return [_to_torch(name, x) for x in v]
     if isinstance(v, np.generic):
         v = np.asarray(v)
     if isinstance(v, np.ndarray):
@@ -156,6 +166,9 @@ def _to_torch(name, v):
             raise FeedError(f"input {name!r}: string tensors are not supported")
         if not v.flags.writeable:
             v = v.copy()
+        ml = _ML_DTYPES.get(v.dtype.name)
+        if ml is not None:
+            return torch.from_numpy(v.view(f"uint{8 * v.itemsize}")).view(ml)
         return torch.from_numpy(v)
     raise FeedError(f"input {name!r}: expected a numpy array or torch tensor, got "
                     f"{type(v).__name__}")
@@ -172,6 +185,12 @@ def _to_numpy(t, shared: set):
         return [_to_numpy(x, shared) for x in t]
     if not isinstance(t, torch.Tensor):
         return t
+    ml = _TORCH_TO_ML.get(t.dtype)
+    if ml is not None:
+        import ml_dtypes
+
+        bits = {1: torch.uint8, 2: torch.uint16}[t.element_size()]
+        return t.detach().contiguous().view(bits).numpy().copy().view(getattr(ml_dtypes, ml))
     a = t.detach().numpy()
     return a.copy() if _storage(t) in shared else a
 

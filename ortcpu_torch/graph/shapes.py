@@ -10,6 +10,8 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
+from .loading import _checkable
+
 _KEEP_INITIALIZER_ELEMS = 256
 
 
@@ -23,16 +25,21 @@ def _dims(type_proto) -> tuple | None:
 
 
 def infer_value_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple],
-                       input_types: dict[str, int]) -> dict[str, tuple]:
-    """name -> shape tuple (ints, None for an unknown dim) of every value onnx can infer."""
+                       input_types: dict[str, int]) -> tuple[dict[str, tuple], dict[str, int]]:
+    """(name -> shape tuple (ints, None for an unknown dim), name -> ONNX element type) of
+    every value onnx can infer."""
     g = model.graph
     light = onnx.GraphProto(name=g.name)
     light.node.extend(g.node)
     light.output.extend(g.output)
     fed = set()
-    for name, shape in input_shapes.items():
-        light.input.append(helper.make_tensor_value_info(name, input_types[name], list(shape)))
-        fed.add(name)
+    for vi in g.input:
+        if vi.name in input_shapes:
+            light.input.append(helper.make_tensor_value_info(
+                vi.name, input_types[vi.name], list(input_shapes[vi.name])))
+        else:
+            light.input.append(vi)
+        fed.add(vi.name)
     for t in g.initializer:
         if t.name in fed:
             continue
@@ -46,15 +53,21 @@ def infer_value_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple],
     m = helper.make_model(light, opset_imports=list(model.opset_import),
                           ir_version=model.ir_version)
     m.functions.extend(model.functions)
+    m = _checkable(m)  # ORT's default-domain training ops: skipped, not fatal
     try:
         inferred = onnx.shape_inference.infer_shapes(m, data_prop=True)
     except Exception:  # inference is an optimisation here; the run checks shapes itself
-        return dict(input_shapes)
-    out = {}
+        return dict(input_shapes), dict(input_types)
+    out, types = {}, {}
     for vi in list(inferred.graph.value_info) + list(inferred.graph.output) + \
             list(inferred.graph.input):
         d = _dims(vi.type)
         if d is not None:
             out[vi.name] = d
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+            types[vi.name] = vi.type.tensor_type.elem_type
+    for t in model.graph.initializer:
+        types.setdefault(t.name, t.data_type)
     out.update(input_shapes)
-    return out
+    types.update(input_types)
+    return out, types
