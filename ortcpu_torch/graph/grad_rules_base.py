@@ -109,7 +109,7 @@ class ValueTable:
     def __init__(self) -> None:
         self._type: dict[str, int] = {}
         self._shape: dict[str, list[Dim] | None] = {}
-        self.constants: dict[str, np.ndarray] = {}
+        self.constants: dict[str, np.ndarray | onnx.TensorProto] = {}
 
     def set(self, name: str, elem_type: int | None, shape: Sequence[Dim] | None) -> None:
         if elem_type:
@@ -176,6 +176,7 @@ class GradContext:
         self._scope_count = 0
         self._scope_counts: dict[str, int] = {}
         self._check_emit = emitted_check
+        self.consumed: set[str] = set()  # values forward nodes read, and graph outputs
 
     # ---- naming ---------------------------------------------------------------------
 
@@ -297,7 +298,10 @@ class GradContext:
     def constant_value(self, name: str) -> np.ndarray | None:
         """The value of ``name`` when it is a graph constant (Constant node or an
         initializer that is neither a graph input nor trainable), else None."""
-        return self.values.constants.get(name)
+        value = self.values.constants.get(name)
+        if isinstance(value, onnx.TensorProto):
+            value = self.values.constants[name] = numpy_helper.to_array(value)
+        return value
 
     # ---- gradient helpers -------------------------------------------------------------
 

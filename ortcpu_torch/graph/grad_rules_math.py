@@ -122,6 +122,30 @@ def _mean(ctx, node, dy, needs):
             for x, w in zip(node.input, needs, strict=True)]
 
 
+@grad_rule("Max", "Min")
+def _max_min(ctx, node, dy, needs):
+    """torch's rule: the gradient goes to the winning input, split evenly on ties."""
+    if len(node.input) == 1:
+        return [dy[0]]
+    if len(node.input) != 2:
+        raise GradientBuildError(f"{describe(node)}: the {node.op_type} gradient supports one "
+                                 f"or two inputs, got {len(node.input)}")
+    shape = _out_shape(ctx, node)
+    a, b = node.input
+    dt = ctx.float_dtype(node.output[0])
+    wins = "Greater" if node.op_type == "Max" else "Less"
+    res = []
+    for k, (x, other) in enumerate(((a, b), (b, a))):
+        if not needs[k]:
+            res.append(None)
+            continue
+        share = ctx.op("Add", ctx.op("Cast", ctx.op(wins, x, other), to=dt),
+                       ctx.mul_scalar(ctx.op("Cast", ctx.op("Equal", x, other), to=dt), 0.5,
+                                      node.output[0]))
+        res.append(ctx.reduce_to(ctx.op("Mul", dy[0], share), shape, x))
+    return res
+
+
 # ---- unary ops ------------------------------------------------------------------------------
 
 

@@ -83,6 +83,13 @@ def _batch_norm(ctx, node, dy, needs):
         return _batch_norm_inference(ctx, node, dy, needs)
     # ORT's training form: BatchNormInternal also returns the batch mean and inverse std
     y = node.output[0]
+    if ctx.opset < 14 and len(node.output) > 4 and node.output[4]:
+        # BatchNormalization-9's 5th output is the saved *variance*; BatchNormInternal's is
+        # the inverse std, so it gets a fresh name (nothing may read the old one)
+        if node.output[4] in ctx.consumed:
+            raise GradientBuildError(f"{describe(node)}: its saved_var output is read by the "
+                                     "graph; the training form has no such output")
+        node.output[4] = ""
     names = [y] + [ctx.forward_output(node, k, f"{y}_{tag}") for k, tag in
                    ((1, "running_mean"), (2, "running_var"), (3, "saved_mean"),
                     (4, "saved_inv_std"))]
@@ -264,6 +271,20 @@ def _softmax_cross_entropy_loss(ctx, node, dy, needs):
     attrs = attrs_of(node, ("reduction", "ignore_index"))
     dx = ctx.op("SoftmaxCrossEntropyLossGrad", *ins, domain=MS, hint=f"{scores}_grad",
                 **attrs)
+    return [ctx.named(dx, scores)]
+
+
+@grad_rule("SoftmaxCrossEntropyLossInternal", domain=MS, inputs=(0,), outputs=(0,))
+def _softmax_cross_entropy_loss_internal(ctx, node, dy, needs):
+    """ORT's form with ignore_index as an input (as ORT-written training models have)."""
+    scores = node.input[0]
+    log_prob = ctx.forward_output(node, 1, f"{node.output[0]}_log_prob")
+    ins = [dy[0], log_prob, node.input[1], input_at(node, 2), input_at(node, 3)]
+    while ins and not ins[-1]:
+        ins.pop()
+    attrs = attrs_of(node, ("reduction", "output_type"))
+    dx = ctx.op("SoftmaxCrossEntropyLossInternalGrad", *ins, domain=MS,
+                hint=f"{scores}_grad", **attrs)
     return [ctx.named(dx, scores)]
 
 

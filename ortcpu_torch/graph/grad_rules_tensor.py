@@ -127,6 +127,16 @@ def _gather_elements(ctx, node, dy, needs):
     return [ctx.named(dx, x)]
 
 
+@grad_rule("TopK", inputs=(0,), outputs=(0,))
+def _top_k(ctx, node, dy, needs):
+    """The values went where the Indices output says: GatherElementsGrad scatters back."""
+    x = node.input[0]
+    indices = ctx.forward_output(node, 1, f"{node.output[0]}_indices")
+    dx = ctx.op("GatherElementsGrad", dy[0], ctx.shape_of(x), indices, domain=MS,
+                hint=f"{x}_grad", axis=int(attr(node, "axis", -1)))
+    return [ctx.named(dx, x)]
+
+
 @grad_rule("GatherND", inputs=(0,))
 def _gather_nd(ctx, node, dy, needs):
     x, idx = node.input

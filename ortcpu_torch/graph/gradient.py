@@ -38,16 +38,21 @@ from .grad_rules_base import (
     describe,
 )
 
-__all__ = ["build_gradient_graph", "GradientBuildError", "FORWARD_NODES_KEY"]
+__all__ = ["build_gradient_graph", "GradientBuildError", "FORWARD_NODES_KEY",
+           "gradient_rules"]
 
 MIN_OPSET = 13
 MAX_IR_VERSION = 10  # onnxruntime 1.19.2 refuses IR version 11 and later
 # metadata_props key: how many of the training graph's nodes are the forward part
 FORWARD_NODES_KEY = "ortcpu_torch.gradient.forward_nodes"
 
-# com.microsoft forward ops ONNX shape inference does not know, whose output 0 has the
-# type and shape of input 0 (so inference can go on past them)
-_SHAPE_PRESERVING_CONTRIB = {"Gelu", "FastGelu", "BiasGelu", "QuickGelu"}
+# ORT forward ops ONNX shape inference does not know -> a standard op (and how many of
+# the inputs it takes) whose output 0 has the same type and shape, for inference only
+_INFERENCE_STAND_INS = {
+    (MS, "Gelu"): ("Identity", 1), (MS, "QuickGelu"): ("Identity", 1),
+    (MS, "FastGelu"): ("Add", 2), (MS, "BiasGelu"): ("Add", 2),
+    ("", "SimplifiedLayerNormalization"): ("Identity", 1),
+}
 # ORT's training ops that live in the ONNX domain (ORT registers them there, at opset 9)
 _ORT_DEFAULT_DOMAIN_OPS = {"MaxPoolGrad", "AveragePoolGrad"}
 
@@ -83,6 +88,9 @@ def build_gradient_graph(model: onnx.ModelProto | str | os.PathLike | bytes,
     model = _load(model)
     graph = model.graph
     opset = _default_opset(model)
+    if not isinstance(loss_name, (str, Sequence)):
+        raise TypeError(f"loss_name: expected an output name or a list of them, got "
+                        f"{type(loss_name).__name__}")
     losses = [loss_name] if isinstance(loss_name, str) else list(loss_name)
     params = _check_requires_grad(graph, requires_grad)
     _check_losses(graph, losses)
@@ -112,6 +120,7 @@ def build_gradient_graph(model: onnx.ModelProto | str | os.PathLike | bytes,
             raise GradientBuildError(f"internal: gradient op {op_type} has no kernel")
 
     ctx = GradContext(values, opset, used, check_emit)
+    ctx.consumed = {i for n in nodes for i in n.input} | {o.name for o in graph.output}
     grads: dict[str, list[str]] = {}
     seed_value_infos = []
     for loss in losses:
@@ -150,6 +159,12 @@ def build_gradient_graph(model: onnx.ModelProto | str | os.PathLike | bytes,
     _finish_model(model, len(forward))
     _check_defined(graph)
     return model
+
+
+def gradient_rules() -> list[tuple[str, str]]:
+    """(domain, op type) of every op the builder differentiates ("" = ai.onnx); ops that
+    stop gradients (Shape, comparisons, random generators, ...) are included."""
+    return sorted(RULES)
 
 
 # ---- loading and checks ---------------------------------------------------------------
@@ -244,36 +259,29 @@ def _all_names(model: onnx.ModelProto) -> set[str]:
 
 
 def _value_table(model: onnx.ModelProto, params: list[str]) -> ValueTable:
-    """Types and shapes from ONNX shape inference, repeated past the com.microsoft ops
-    it does not know, plus the values of graph constants."""
-    inferred = model
-    work = onnx.ModelProto()
-    work.CopyFrom(model)
-    for _ in range(4):
-        try:
-            inferred = onnx.shape_inference.infer_shapes(work, check_type=False,
-                                                         strict_mode=False, data_prop=True)
-        except Exception:  # noqa: BLE001  (inference is a help here, not a requirement)
-            inferred = work
-            break
-        typed = {v.name for v in inferred.graph.value_info} | {
-            v.name for v in inferred.graph.input} | {v.name for v in inferred.graph.output}
-        known = {v.name: v for v in [*inferred.graph.value_info, *inferred.graph.input,
-                                     *inferred.graph.output]}
-        for t in inferred.graph.initializer:
-            known.setdefault(t.name, helper.make_tensor_value_info(t.name, t.data_type, t.dims))
-        added = []
-        for n in inferred.graph.node:
-            if (_domain(n.domain) == MS and n.op_type in _SHAPE_PRESERVING_CONTRIB
-                    and n.output and n.output[0] not in typed and n.input[0] in known):
-                vi = onnx.ValueInfoProto()
-                vi.CopyFrom(known[n.input[0]])
-                vi.name = n.output[0]
-                added.append(vi)
-        if not added:
-            break
-        work = inferred
-        work.graph.value_info.extend(added)
+    """Types and shapes from ONNX shape inference (run on a copy where the ORT forward
+    ops it does not know stand in as standard ops of the same output shape), plus the
+    values of graph constants."""
+    work = helper.make_model(_light_graph(model.graph), opset_imports=model.opset_import,
+                             ir_version=model.ir_version)
+    work.functions.extend(model.functions)
+    for n in work.graph.node:
+        stand_in = _INFERENCE_STAND_INS.get((_domain(n.domain), n.op_type))
+        if stand_in is not None:
+            op, n_inputs = stand_in
+            outputs = list(n.output[:1])
+            inputs = list(n.input[:n_inputs]) if len(n.input) >= n_inputs else list(n.input[:1])
+            if len(inputs) < n_inputs:
+                op = "Identity"
+            del n.input[:], n.output[:], n.attribute[:]
+            n.input.extend(inputs)
+            n.output.extend(outputs)
+            n.op_type, n.domain = op, ""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(work, check_type=False, strict_mode=False,
+                                                     data_prop=True)
+    except Exception:  # noqa: BLE001  (inference is a help here, not a requirement)
+        inferred = work
 
     values = ValueTable()
     g = inferred.graph
@@ -283,7 +291,7 @@ def _value_table(model: onnx.ModelProto, params: list[str]) -> ValueTable:
     for t in model.graph.initializer:
         values.set(t.name, t.data_type, list(t.dims))
         if t.name not in inputs and t.name not in params:
-            values.constants[t.name] = numpy_helper.to_array(t)
+            values.constants[t.name] = t  # converted when a rule asks for it
     for n in model.graph.node:
         if n.op_type == "Constant" and _domain(n.domain) == "" and n.output:
             arr = _constant_node_value(n)
@@ -291,6 +299,26 @@ def _value_table(model: onnx.ModelProto, params: list[str]) -> ValueTable:
                 values.constants[n.output[0]] = arr
                 values.set(n.output[0], helper.np_dtype_to_tensor_dtype(arr.dtype), arr.shape)
     return values
+
+
+_KEEP_INITIALIZER_ELEMS = 4096  # small constants (shapes, axes) help data propagation
+
+
+def _light_graph(graph: onnx.GraphProto) -> onnx.GraphProto:
+    """``graph`` for shape inference: large initializers become typed inputs, so their
+    bytes are not copied and serialized."""
+    light = onnx.GraphProto(name=graph.name)
+    light.node.extend(graph.node)
+    light.input.extend(graph.input)
+    light.output.extend(graph.output)
+    light.value_info.extend(graph.value_info)
+    inputs = {i.name for i in graph.input}
+    for t in graph.initializer:
+        if int(np.prod(t.dims)) <= _KEEP_INITIALIZER_ELEMS:
+            light.initializer.append(t)
+        elif t.name not in inputs:
+            light.input.append(helper.make_tensor_value_info(t.name, t.data_type, t.dims))
+    return light
 
 
 def _constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
@@ -441,25 +469,24 @@ def _emit_ones(ctx: GradContext, like: str, out: str) -> None:
 def _name_gradients(ctx: GradContext, params, finals) -> list[str]:
     """Give each final gradient its output name ``<param>_grad``: rename the value where
     it is a backward value of its own, else add an Identity."""
-    produced = {o: n for n in ctx.nodes for o in n.output}
-    names = []
+    produced = {o for n in ctx.nodes for o in n.output if n.op_type != "Constant"}
+    renames: dict[str, str] = {}
     for p, v in zip(params, finals, strict=True):
         want = f"{p}_grad"
-        node = produced.get(v)
-        shared = finals.count(v) > 1 or node is None or node.op_type == "Constant"
-        if shared or v in ctx.value_info:
-            ctx.begin_named(f"{p}_grad")
+        if finals.count(v) > 1 or v not in produced or v in ctx.value_info:
+            ctx.begin_named(want)
             ctx.emit("Identity", [v], [want])
         else:
-            for n in ctx.nodes:
-                for k, i in enumerate(n.input):
-                    if i == v:
-                        n.input[k] = want
-            for k, o in enumerate(node.output):
-                if o == v:
-                    node.output[k] = want
-        names.append(want)
-    return names
+            renames[v] = want
+    if renames:
+        for n in ctx.nodes:
+            for k, name in enumerate(n.input):
+                if name in renames:
+                    n.input[k] = renames[name]
+            for k, name in enumerate(n.output):
+                if name in renames:
+                    n.output[k] = renames[name]
+    return [f"{p}_grad" for p in params]
 
 
 def _params_to_inputs(graph: onnx.GraphProto, params: list[str]) -> None:

@@ -15,6 +15,7 @@ from ortcpu_torch.graph import build_gradient_graph
 from ortcpu_torch.graph.grad_rules_schemas import register_ort_onnx_domain_schemas
 
 ort = pytest.importorskip("onnxruntime")
+ort.set_default_logger_severity(3)
 
 F32, F64, I64 = TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT64
 NP = {F32: np.float32, F64: np.float64, I64: np.int64}

@@ -179,6 +179,27 @@ def test_where_clip_cast_sum_mean():
              lambda a, b: (a + b) / 2)
 
 
+@pytest.mark.parametrize("op", ["Max", "Min"])
+def test_max_min_split_ties_like_torch(op):
+    a = rand(3, 4)
+    b = a.copy()
+    b[0] += 1.0
+    b[1] -= 1.0  # row 2: ties
+    fn = torch.maximum if op == "Max" else torch.minimum
+    run_case([N(op, ["a", "b"], ["y"])], "y", [3, 4], {"a": a, "b": b}, ["a", "b"],
+             lambda a, b: fn(a, b))
+    run_case([N(op, ["a", "c"], ["y"])], "y", [3, 4], {"a": a, "c": rand(4)}, ["a", "c"],
+             lambda a, c: fn(a, c))
+
+
+def test_softmax_cross_entropy_loss_internal():
+    scores, labels = rand(6, 5), np.array([0, 2, 4, 1, 2, 3], dtype=np.int64)
+    run_case([N("SoftmaxCrossEntropyLossInternal", ["scores", "labels", "", "ig"], ["l", "lp"],
+                domain="com.microsoft")], "l", [], {"scores": scores, "labels": labels},
+             ["scores"], lambda scores, labels: F.cross_entropy(scores, labels, ignore_index=2),
+             init={"ig": np.asarray(2, np.int64)})
+
+
 def test_shared_input_accumulates():
     """x used by three consumers (one of them twice): contributions are summed."""
     nodes = [N("Mul", ["x", "x"], ["sq"]), N("Tanh", ["x"], ["t"]), N("Add", ["sq", "t"], ["y"])]
@@ -643,6 +664,12 @@ def test_slice_gather_family():
     nidx = np.array([[0, 1], [4, 5], [0, 1]], dtype=np.int64)
     run_case([N("GatherND", ["x", "nidx"], ["y"])], "y", [3], {"x": x, "nidx": nidx}, ["x"],
              lambda x, nidx: x[nidx[:, 0], nidx[:, 1]])
+
+
+def test_top_k():
+    x = rand(3, 7)
+    run_case([N("TopK", ["x", "k"], ["y", "i"], axis=1)], "y", [3, 3], {"x": x}, ["x"],
+             lambda x: torch.topk(x, 3, 1).values, init={"k": np.asarray([3], np.int64)})
 
 
 def test_gather_float64():
