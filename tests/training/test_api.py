@@ -110,8 +110,6 @@ def test_cnn_batchnorm_sgd_trajectory_matches_ort(ort_cnn, tmp_path):
     _cnn_matches_ort(ort_cnn, tmp_path / "inference.onnx")
 
 
-@pytest.mark.xfail(raises=ValueError, reason="executor: MaxPoolGrad's output shape is not "
-                   "inferred for ORT-written training graphs yet (issue15)")
 def test_cnn_maxpool_trajectory_matches_ort(ort_cnn_maxpool, tmp_path):
     _cnn_matches_ort(ort_cnn_maxpool, tmp_path / "inference.onnx")
 
