@@ -8,8 +8,8 @@ timed on the same artifact files with both libraries in one process, steps alter
 between them. Cases (float32, AdamW unless noted):
 
 - ``mlp``: 784-1024-1024-10 MLP, CrossEntropy, batch 128;
-- ``cnn``: Conv(1->16, 3x3) + BatchNorm + ReLU, Conv(16->32, 3x3, stride 2) + BatchNorm +
-  ReLU, Linear(32*14*14 -> 10) on 28x28 images, CrossEntropy, SGD, batch 64;
+- ``cnn``: two [Conv 3x3 + BatchNorm + ReLU + MaxPool 2] blocks (1->16->32 channels),
+  Linear(32*7*7 -> 10) on 28x28 images, CrossEntropy, SGD, batch 64;
 - ``gru``: GRU(32 -> 128) over 32 steps, Linear(128 -> 10), MSE, batch 64.
 
 The ONNX models are torch exports (``torch.onnx.export``, training mode); the artifacts come
@@ -54,14 +54,16 @@ class MLP(torch.nn.Module):
 class CNN(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.c1, self.b1 = torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.BatchNorm2d(16)
-        self.c2 = torch.nn.Conv2d(16, 32, 3, stride=2, padding=1)
-        self.b2 = torch.nn.BatchNorm2d(32)
-        self.fc = torch.nn.Linear(32 * 14 * 14, 10)
+        def block(cin, cout):
+            return torch.nn.Sequential(torch.nn.Conv2d(cin, cout, 3, padding=1),
+                                       torch.nn.BatchNorm2d(cout), torch.nn.ReLU(),
+                                       torch.nn.MaxPool2d(2))
+
+        self.features = torch.nn.Sequential(block(1, 16), block(16, 32))
+        self.fc = torch.nn.Linear(32 * 7 * 7, 10)
 
     def forward(self, x):
-        h = torch.relu(self.b2(self.c2(torch.relu(self.b1(self.c1(x))))))
-        return self.fc(torch.flatten(h, 1))
+        return self.fc(torch.flatten(self.features(x), 1))
 
 
 class GRU(torch.nn.Module):
