@@ -396,6 +396,11 @@ def test_checkpoint_not_matching_model(ort_mlp, ort_gru, tmp_path):
     state._params["fc2.bias"].requires_grad = True
     with pytest.raises(ValueError, match="fc2.bias.*trainable.*no gradient buffer"):
         api.Module(ort_mlp.train, state)
+    assert all(s.grad is None for s in state._params.values())  # the state is untouched
+    nominal = api.CheckpointState.load_checkpoint(ort_mlp.nominal_checkpoint)
+    with pytest.raises(ValueError, match="checkpoint"):
+        api.Module(ort_gru.train, nominal)
+    assert all(s.value is None for s in nominal._params.values())
     with pytest.raises(TypeError, match="state"):
         api.Module(ort_mlp.train, "checkpoint")
     with pytest.raises(ValueError, match="device"):

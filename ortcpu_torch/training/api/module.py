@@ -46,21 +46,35 @@ class Module:
         self._accumulate = False  # the first training call overwrites the gradient buffers
         train = load_onnx(train_model_uri, "train_model_uri")
         self._train = layout_of(train, state._params, training=True)
-        self._bind_parameters(train)
-        self._train_executor = Executor(train)
-        self._reset_flag = torch.ones(1, dtype=torch.bool)
-
+        bindings = self._check_parameters(train)
         self._eval_model = None
         self._eval = None
         if eval_model_uri is not None:
             self._eval_model = load_onnx(eval_model_uri, "eval_model_uri")
             self._eval = layout_of(self._eval_model, state._params, training=False)
-            self._check_eval_parameters(self._eval_model)
+            specs = input_specs(self._eval_model)
+            for name in self._eval.param_inputs:
+                slot = state._params[name]
+                _check_spec(name, slot.dtype, bindings[name], specs[name], "eval")
+        # everything is checked (and the executors built) before the state is touched
+        self._train_executor = Executor(train)
+        if self._eval_model is not None:
             self._eval_executor = Executor(without_unused_batchnorm_outputs(self._eval_model))
+        self._reset_flag = torch.ones(1, dtype=torch.bool)
+        for name, dims in bindings.items():
+            slot = state._params[name]
+            if slot.value is None:  # a nominal checkpoint: zeros until copy_buffer_to_parameters
+                slot.dims = dims
+                slot.value = torch.zeros(dims, dtype=_torch_dtype(slot.dtype))
+            slot.grad = torch.zeros_like(slot.value) if slot.requires_grad else None
+        self._trainable_names = [n for n in self._train.param_inputs
+                                 if state._params[n].requires_grad]
 
-    # -- binding parameters and gradient buffers to the training model ---------------------
+    # -- checking parameters and gradient buffers against the training model ---------------
 
-    def _bind_parameters(self, train: onnx.ModelProto) -> None:
+    def _check_parameters(self, train: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+        """Parameter name -> shape, for every parameter input of the training model; a clear
+        error for a checkpoint that does not fit the model."""
         state, lay = self._state, self._train
         specs = input_specs(train)
         missing = [p for _, p in lay.grad_inputs if p not in state._params]
@@ -72,16 +86,17 @@ class Module:
             raise ValueError(f"checkpoint parameters {unused} are not inputs of the training "
                              f"model; the checkpoint does not belong to this model")
         grad_input_of = {p: n for n, p in lay.grad_inputs}
+        bindings = {}
         for name in lay.param_inputs:
             slot = state._params[name]
             spec = specs[name]
-            if slot.value is None:  # nominal checkpoint: allocate from the model's shape
+            dims = slot.dims
+            if slot.value is None:  # nominal checkpoint: the shape comes from the model
                 if spec.dims is None or any(d is None for d in spec.dims):
                     raise ValueError(f"nominal checkpoint parameter {name!r}: the training "
                                      f"model gives it no fixed shape ({spec.dims})")
-                slot.dims = tuple(spec.dims)
-                slot.value = torch.zeros(slot.dims, dtype=_torch_dtype(slot.dtype))
-            _check_spec(name, slot, spec, "training")
+                dims = tuple(spec.dims)
+            _check_spec(name, slot.dtype, dims, spec, "training")
             if slot.requires_grad != (name in grad_input_of):
                 raise ValueError(
                     f"parameter {name!r} is {'trainable' if slot.requires_grad else 'frozen'} "
@@ -89,15 +104,10 @@ class Module:
                     f"{'has no' if slot.requires_grad else 'has a'} gradient buffer input "
                     f"{name + '_grad.accumulation.buffer'!r}")
             if slot.requires_grad:
-                buf_spec = specs[grad_input_of[name]]
-                _check_spec(grad_input_of[name], slot, buf_spec, "training")
-                slot.grad = torch.zeros_like(slot.value)
-        self._trainable_names = [n for n in lay.param_inputs if state._params[n].requires_grad]
-
-    def _check_eval_parameters(self, model: onnx.ModelProto) -> None:
-        specs = input_specs(model)
-        for name in self._eval.param_inputs:
-            _check_spec(name, self._state._params[name], specs[name], "eval")
+                buffer = grad_input_of[name]
+                _check_spec(buffer, slot.dtype, dims, specs[buffer], "training")
+            bindings[name] = dims
+        return bindings
 
     # -- steps -----------------------------------------------------------------------------
 
@@ -220,11 +230,10 @@ def _torch_dtype(dtype: np.dtype) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
 
 
-def _check_spec(name, slot, spec, which: str) -> None:
-    if spec.dtype is not None and spec.dtype != slot.dtype:
+def _check_spec(name, dtype, dims, spec, which: str) -> None:
+    if spec.dtype is not None and spec.dtype != dtype:
         raise TypeError(f"parameter {name!r}: the {which} model expects dtype {spec.dtype}, "
-                        f"the checkpoint has {slot.dtype}")
-    dims = tuple(slot.value.shape)
+                        f"the checkpoint has {dtype}")
     if spec.dims is not None:
         fixed = list(spec.dims)
         if len(fixed) != len(dims) or any(w is not None and w > 0 and w != g
