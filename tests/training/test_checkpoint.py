@@ -189,6 +189,8 @@ def test_nominal_checkpoint(ort_mlp, tmp_path):
     assert st.is_nominal and len(st.parameters) == 4
     with pytest.raises(RuntimeError, match="nominal"):
         st.parameters["fc1.weight"]
+    with pytest.raises(RuntimeError, match="nominal"):
+        st.parameters["fc1.weight"] = np.zeros((32, 20), np.float32)
     out = os.fspath(tmp_path / "nominal_again")
     api.CheckpointState.save_checkpoint(st, out)
     c = read_checkpoint(out)

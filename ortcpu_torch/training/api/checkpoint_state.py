@@ -99,6 +99,9 @@ class Parameter:
 
 
 def _copy_into(slot: _ParamSlot, value) -> None:
+    if slot.dims is None:
+        raise RuntimeError(f"parameter {slot.name!r} has no shape yet (nominal checkpoint): "
+                           "create a Module from the state first")
     arr = _as_array(value, f"parameter {slot.name!r}")
     if tuple(arr.shape) != tuple(slot.dims):
         raise ValueError(f"parameter {slot.name!r}: expected shape {list(slot.dims)}, "
