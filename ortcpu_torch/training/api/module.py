@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 import torch
 
+from .._onnx_utils import value_info, without_unused_batchnorm_outputs
 from ._models import input_specs, layout_of, load_onnx
 from .checkpoint_state import CheckpointState, _as_array
 
@@ -264,27 +265,6 @@ def _to_tensor(x, name: str) -> torch.Tensor:
     return torch.from_numpy(x)
 
 
-def without_unused_batchnorm_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` where inference-mode BatchNormalization nodes have only their
-    first output when the others (running statistics, exported by torch in training mode)
-    are not used. ORT refuses such nodes ("This number of op outputs should be 1 when
-    Training_mode = False"); the values were never meaningful in inference mode."""
-    used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
-    fix = [i for i, n in enumerate(model.graph.node) if n.op_type == "BatchNormalization"
-           and len(n.output) > 1 and not _bn_training(n)
-           and not any(o and o in used for o in n.output[1:])]
-    if not fix:
-        return model
-    model = copy.deepcopy(model)
-    for i in fix:
-        del model.graph.node[i].output[1:]
-    return model
-
-
-def _bn_training(node) -> bool:
-    return any(a.name == "training_mode" and a.i for a in node.attribute)
-
-
 def inference_model(eval_model: onnx.ModelProto, outputs: list[str],
                     parameters: dict[str, torch.Tensor]) -> onnx.ModelProto:
     """The eval model reduced to ``outputs``, parameters folded in as initializers."""
@@ -295,12 +275,8 @@ def inference_model(eval_model: onnx.ModelProto, outputs: list[str],
     unknown = [o for o in outputs if o not in produced]
     if unknown:
         raise ValueError(f"graph_output_names: {unknown} are not values of the eval model")
-    infos = {v.name: v for v in (*g.output, *g.value_info, *g.input)}
-    if any(o not in infos for o in outputs):
-        inferred = onnx.shape_inference.infer_shapes(model)
-        infos.update({v.name: v for v in inferred.graph.value_info})
-    new_outputs = [copy.deepcopy(infos[o]) if o in infos
-                   else onnx.helper.make_empty_tensor_value_info(o) for o in outputs]
+    new_outputs = [value_info(model, o) or onnx.helper.make_empty_tensor_value_info(o)
+                   for o in outputs]
     # keep the nodes the outputs depend on (reverse reachability), in their original order
     needed, keep = set(outputs), []
     for node in reversed(g.node):
@@ -331,7 +307,7 @@ def inference_model(eval_model: onnx.ModelProto, outputs: list[str],
     kept_infos = [v for v in g.value_info if v.name in needed]
     del g.value_info[:]
     g.value_info.extend(kept_infos)
-    return without_unused_batchnorm_outputs(model)
+    return without_unused_batchnorm_outputs(model, in_place=True)
 
 
 def _subgraph_inputs(graph: onnx.GraphProto) -> set[str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto, helper
 
+from .._onnx_utils import value_info
 from ._graph_edit import GraphEditor
 
 TARGET_NAMES = {"MSELoss": "target", "CrossEntropyLoss": "labels",
@@ -22,15 +23,10 @@ TARGET_NAMES = {"MSELoss": "target", "CrossEntropyLoss": "labels",
 
 
 def _value_type(model: onnx.ModelProto, name: str) -> onnx.TypeProto:
-    g = model.graph
-    for v in (*g.output, *g.value_info, *g.input):
-        if v.name == name and v.type.HasField("tensor_type"):
-            return v.type
-    inferred = onnx.shape_inference.infer_shapes(model)
-    for v in (*inferred.graph.value_info, *inferred.graph.output):
-        if v.name == name:
-            return v.type
-    raise ValueError(f"loss input {name!r}: its type and shape are unknown")
+    vi = value_info(model, name)
+    if vi is None:
+        raise ValueError(f"loss input {name!r}: its type and shape are unknown")
+    return vi.type
 
 
 def _target_input(ed: GraphEditor, name: str, elem_type: int, dims) -> str:

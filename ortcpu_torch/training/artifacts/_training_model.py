@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from .._onnx_utils import attribute, value_info, without_unused_batchnorm_outputs
 from ._graph_edit import MS_DOMAIN, GraphEditor
 
 MAX_IR_VERSION = 10  # what onnxruntime 1.19.2 loads
@@ -46,29 +47,10 @@ class RunningStats:
     rank: int | None
 
 
-def value_info(model: onnx.ModelProto, name: str) -> onnx.ValueInfoProto:
-    g = model.graph
-    for v in (*g.output, *g.value_info, *g.input):
-        if v.name == name:
-            return copy.deepcopy(v)
-    inferred = onnx.shape_inference.infer_shapes(model)
-    for v in (*inferred.graph.value_info, *inferred.graph.output):
-        if v.name == name:
-            return copy.deepcopy(v)
-    return helper.make_empty_tensor_value_info(name)
-
-
 def set_outputs(model: onnx.ModelProto, names: list[str]) -> None:
-    infos = [value_info(model, n) for n in names]
+    infos = [value_info(model, n) or helper.make_empty_tensor_value_info(n) for n in names]
     del model.graph.output[:]
     model.graph.output.extend(infos)
-
-
-def _attr(node, name, default):
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
 
 
 def training_batchnorm_stats(model: onnx.ModelProto) -> list[RunningStats]:
@@ -76,15 +58,15 @@ def training_batchnorm_stats(model: onnx.ModelProto) -> list[RunningStats]:
     inits = {t.name for t in model.graph.initializer}
     out = []
     for n in model.graph.node:
-        if n.op_type != "BatchNormalization" or not _attr(n, "training_mode", 0):
+        if n.op_type != "BatchNormalization" or not attribute(n, "training_mode", 0):
             continue
         if len(n.input) < 5 or n.input[3] not in inits or n.input[4] not in inits:
             continue
         vi = value_info(model, n.input[0])
         rank = (len(vi.type.tensor_type.shape.dim)
-                if vi.type.tensor_type.HasField("shape") else None)
+                if vi is not None and vi.type.tensor_type.HasField("shape") else None)
         out.append(RunningStats(n.input[0], n.input[3], n.input[4],
-                                float(_attr(n, "momentum", 0.9)), rank))
+                                float(attribute(n, "momentum", 0.9)), rank))
     return out
 
 
@@ -131,16 +113,14 @@ def eval_model(forward: onnx.ModelProto, state_names: list[str]) -> onnx.ModelPr
     """The eval model (see the module docstring)."""
     m = copy.deepcopy(forward)
     move_initializers_to_inputs(m, state_names)
-    used = {i for n in m.graph.node for i in n.input} | {o.name for o in m.graph.output}
     for n in m.graph.node:
-        if n.op_type == "BatchNormalization" and _attr(n, "training_mode", 0):
+        if n.op_type == "BatchNormalization" and attribute(n, "training_mode", 0):
             for a in n.attribute:
                 if a.name == "training_mode":
                     a.i = 0
-            if not any(o in used for o in n.output[1:] if o):
-                del n.output[1:]
         elif n.op_type == "Dropout" and len(n.input) > 2:
             n.input[2] = ""
+    without_unused_batchnorm_outputs(m, in_place=True)
     cap_ir_version(m)
     return m
 
