@@ -346,3 +346,61 @@ def test_other_dtypes_roundtrip(tmp_path):
     for e in entries:
         assert got[e.name].dtype == e.data.dtype and got[e.name].shape == e.data.shape
         assert got[e.name].tobytes() == e.data.tobytes()
+
+
+def test_external_data_is_refused(tmp_path):
+    """ORT's format can point tensors at a side file (ModuleState.has_external_data,
+    Tensor.external_data_offset); such a checkpoint is refused by name, not misread."""
+    import flatbuffers
+
+    b = flatbuffers.Builder(256)
+    name = b.CreateString("w")
+    dims = b.CreateNumpyVector(np.array([2], np.int64))
+    b.StartObject(7)
+    b.PrependUOffsetTRelativeSlot(0, name, 0)
+    b.PrependUOffsetTRelativeSlot(2, dims, 0)
+    b.PrependInt32Slot(3, 1, 0)
+    b.PrependInt64Slot(6, 0, -1)  # external_data_offset = 0
+    tensor = b.EndObject()
+    b.StartVector(4, 1, 4)
+    b.PrependUOffsetTRelative(tensor)
+    vec = b.EndVector()
+    b.StartObject(4)
+    b.PrependUOffsetTRelativeSlot(0, vec, 0)
+    module_state = b.EndObject()
+    b.StartObject(4)
+    b.PrependInt32Slot(0, 2, 0)
+    b.PrependUOffsetTRelativeSlot(1, module_state, 0)
+    b.Finish(b.EndObject(), file_identifier=b"ODTC")
+    p = tmp_path / "external"
+    p.write_bytes(bytes(b.Output()))
+    with pytest.raises(api.CheckpointError, match="'w'.*external file"):
+        api.CheckpointState.load_checkpoint(p)
+
+
+def test_random_contents_roundtrip(tmp_path):
+    """Names with any unicode, empty and long strings, extreme numbers: what is written
+    is what is read, by us and by ORT."""
+    rng = np.random.default_rng(0)
+    alphabet = list("abcXYZ._-/0129 ") + ["é", "ß", "漢", "🙂", "\u200b"]
+    p = tmp_path / "random"
+    for trial in range(5):
+        def name(k):
+            return f"{k}:" + "".join(rng.choice(alphabet, int(rng.integers(0, 40))))
+        entries = [TensorEntry(name(i), a.shape, a.dtype, a) for i, a in enumerate(
+            rng.standard_normal(tuple(int(d) for d in rng.integers(1, 5, int(rng.integers(
+                0, 4))))).astype(np.float32) for _ in range(4))]
+        props = {name(100 + i): v for i, v in enumerate(
+            [int(rng.integers(-2**62, 2**62)), float(np.float32(rng.standard_normal())),
+             "".join(rng.choice(alphabet, 300)), "", -(2**63), 2**63 - 1])}
+        c = CheckpointContents(trainable=entries[:2], frozen=entries[2:], properties=props)
+        p.write_bytes(encode_checkpoint(c))
+        back = read_checkpoint(p)
+        assert back.properties == props, trial
+        got = {e.name: e.data for e in back.trainable + back.frozen}
+        for e in entries:
+            assert got[e.name].tobytes() == e.data.tobytes() and got[e.name].shape == e.dims
+        theirs = ort_api.CheckpointState.load_checkpoint(os.fspath(p))
+        assert dict(theirs.properties) == props
+        for n, prm in theirs.parameters:
+            assert prm.data.tobytes() == got[n].tobytes()
