@@ -125,6 +125,9 @@ class Executor:
     def plan_for(self, values: list) -> Plan:
         """The plan for these positional graph-input values (built and cached on first use)."""
         key = tuple(_sig(v) for v in values)
+        if self.defaults:  # which defaults were left to their initializer (constants then)
+            key += (tuple(v is self.defaults.get(n) for n, v in zip(self.input_names, values,
+                                                                   strict=True)),)
         plan = self._plans.get(key)
         if plan is None:
             plan = self._build(values, key)
@@ -137,7 +140,11 @@ class Executor:
                      if isinstance(v, torch.Tensor)}
         types_in = {s.name: s.elem_type for s in self.inputs}
         shapes, types = infer_value_shapes(self.model, shapes_in, types_in)
-        plan = build_plan(self.model.graph, self.opsets, self.constants, self.input_names,
+        consts = dict(self.constants)
+        for n, v in zip(self.input_names, values, strict=True):
+            if n in self.defaults and v is self.defaults[n]:
+                consts[n] = v  # not fed: a constant of this plan (folded like the others)
+        plan = build_plan(self.model.graph, self.opsets, consts, self.input_names,
                           shapes, types, fuse=self.fuse)
         if len(self._plans) >= 64:  # bound the cache under ever-changing shapes
             self._plans.pop(next(iter(self._plans)))

@@ -1,10 +1,216 @@
-"""Inference-time graph rewrites applied when a plan is built (each listed in ``report()``).
+"""Inference-time rewrites applied when a plan is built; ``report()`` lists each one.
+
+- Conv + BatchNormalization (inference) -> one Conv with the BN folded into its weights
+  and bias (W·s, (B - mean)·s + beta, s = scale/sqrt(var + eps), computed in float64);
+- the Erf-based GELU subgraph (x·(erf(x/√2) + 1)·0.5, as torch's exporter writes it) ->
+  com.microsoft Gelu (the registry kernel);
+- MatMul + Add of a constant bias over the last dim, and Conv/Gemm/MatMul + Relu: the
+  bias add / activation runs in place on the producing kernel's freshly allocated output
+  (one pass and one allocation fewer).
+
+Every rewrite requires the intermediate to have exactly one consumer and not to be a graph
+output, and only constants (initializers, folded values) are rewritten.
 """
 
 from __future__ import annotations
 
+import math
+
+import onnx
+import torch
+from onnx import helper
+
+_ONNX = ("", "ai.onnx")
+
+
+def _consumers(nodes, outputs):
+    use: dict[str, int] = {}
+    for n in nodes:
+        for i in n.input:
+            if i:
+                use[i] = use.get(i, 0) + 1
+    for o in outputs:
+        use[o] = use.get(o, 0) + 1
+    return use
+
+
+def _producers(nodes):
+    return {o: n for n in nodes for o in n.output if o}
+
+
+def _attr(node, name, default=None):
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+def _scalar_const(consts, name):
+    t = consts.get(name)
+    if isinstance(t, torch.Tensor) and t.numel() == 1 and t.dtype.is_floating_point:
+        return float(t.reshape(-1)[0])
+    return None
+
 
 def apply_fusions(nodes, consts, graph, opsets):
-    """Rewrite ``nodes`` (a list of NodeProto, topologically ordered); new constants go
-    into ``consts``. Returns (nodes, descriptions of what was fused)."""
-    return nodes, []
+    """Rewrite ``nodes`` (topologically ordered NodeProtos); new constants go into
+    ``consts``. Returns (nodes, descriptions of what was fused)."""
+    outputs = [o.name for o in graph.output]
+    done: list[str] = []
+    nodes = _fold_conv_bn(nodes, consts, outputs, done)
+    nodes = _gelu_erf(nodes, consts, outputs, done, opsets)
+    nodes = _epilogues(nodes, consts, outputs, done)
+    return nodes, _summarize(done)
+
+
+def _summarize(done):
+    counts: dict[str, int] = {}
+    for d in done:
+        counts[d] = counts.get(d, 0) + 1
+    return [f"{k} x{v}" for k, v in counts.items()]
+
+
+def _fold_conv_bn(nodes, consts, outputs, done):
+    use = _consumers(nodes, outputs)
+    prod = _producers(nodes)
+    drop, replace = set(), {}
+    for bn in nodes:
+        if bn.op_type != "BatchNormalization" or bn.domain not in _ONNX:
+            continue
+        if _attr(bn, "training_mode", 0) or any(o and use.get(o) for o in bn.output[1:]):
+            continue
+        conv = prod.get(bn.input[0])
+        if conv is None or conv.op_type != "Conv" or conv.domain not in _ONNX or \
+                use.get(conv.output[0]) != 1 or id(conv) in replace:
+            continue
+        names = list(bn.input[1:5])
+        w = consts.get(conv.input[1])
+        b = consts.get(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
+        params = [consts.get(n) for n in names]
+        if w is None or any(p is None for p in params) or w.dtype not in (torch.float32,
+                                                                           torch.float64):
+            continue
+        if len(conv.input) > 2 and conv.input[2] and b is None:
+            continue
+        scale, beta, mean, var = (p.double().reshape(-1) for p in params)
+        eps = _attr(bn, "epsilon", 1e-5)
+        s = scale / torch.sqrt(var + eps)
+        if s.numel() != w.shape[0]:
+            continue
+        w2 = (w.double() * s.reshape([-1] + [1] * (w.dim() - 1))).to(w.dtype)
+        b0 = b.double() if b is not None else torch.zeros_like(s)
+        b2 = ((b0 - mean) * s + beta).to(w.dtype)
+        wn, bname = f"{conv.name or conv.output[0]}::bn_folded_W", \
+            f"{conv.name or conv.output[0]}::bn_folded_B"
+        consts[wn], consts[bname] = w2.contiguous(), b2.contiguous()
+        new = onnx.NodeProto()
+        new.CopyFrom(conv)
+        del new.input[:]
+        new.input.extend([conv.input[0], wn, bname])
+        new.output[0] = bn.output[0]
+        replace[id(conv)] = new
+        drop.add(id(bn))
+        done.append("Conv+BatchNormalization folded")
+    return [replace.get(id(n), n) for n in nodes if id(n) not in drop]
+
+
+def _gelu_erf(nodes, consts, outputs, done, opsets):
+    """Mul(Mul(x, Add(Erf(Div(x, √2)), 1)), 0.5) (either operand order) -> Gelu(x)."""
+    use = _consumers(nodes, outputs)
+    prod = _producers(nodes)
+    drop, replace = set(), {}
+
+    def one_use(n):
+        return all(use.get(o) == 1 for o in n.output)
+
+    def other(node, name):
+        return node.input[1] if node.input[0] == name else node.input[0]
+
+    for erf in nodes:
+        if erf.op_type != "Erf" or erf.domain not in _ONNX:
+            continue
+        div = prod.get(erf.input[0])
+        if div is None or div.op_type not in ("Div", "Mul") or not one_use(div):
+            continue
+        x = div.input[0]
+        c = _scalar_const(consts, div.input[1])
+        if c is None or not math.isclose(c if div.op_type == "Div" else 1 / c, math.sqrt(2),
+                                         rel_tol=1e-4):
+            continue
+        add = next((n for n in nodes if erf.output[0] in n.input and n.op_type == "Add"), None)
+        if add is None or not one_use(erf) or not one_use(add) or \
+                _scalar_const(consts, other(add, erf.output[0])) != 1.0:
+            continue
+        m1 = next((n for n in nodes if add.output[0] in n.input and n.op_type == "Mul"), None)
+        if m1 is None or other(m1, add.output[0]) != x or not one_use(m1):
+            continue
+        m2 = next((n for n in nodes if m1.output[0] in n.input and n.op_type == "Mul"), None)
+        if m2 is None or _scalar_const(consts, other(m2, m1.output[0])) != 0.5:
+            continue
+        gelu = helper.make_node("Gelu", [x], [m2.output[0]], domain="com.microsoft",
+                                name=(m2.name or m2.output[0]) + "::gelu")
+        replace[id(m2)] = gelu
+        drop.update(id(n) for n in (div, erf, add, m1))
+        done.append("Erf subgraph -> Gelu")
+    if replace:
+        opsets.setdefault("com.microsoft", 1)
+    return [replace.get(id(n), n) for n in nodes if id(n) not in drop]
+
+
+_PRODUCERS = {"MatMul", "Conv", "Gemm"}
+
+
+def _epilogues(nodes, consts, outputs, done):
+    """Producer + (constant bias Add | Relu) -> producer node carrying the epilogue in a
+    ``ortcpu_epilogue`` attribute, run in place on its fresh output by the binding."""
+    use = _consumers(nodes, outputs)
+    prod = _producers(nodes)
+    drop, replace = set(), {}
+    for n in nodes:
+        if n.domain not in _ONNX or n.op_type not in ("Add", "Relu"):
+            continue
+        if n.op_type == "Add":
+            cand = [(i, 1 - k) for k, i in enumerate(n.input) if i in prod]
+            cand = [(i, n.input[j]) for i, j in cand if n.input[j] in consts]
+            if not cand:
+                continue
+            src, bias = cand[0]
+        else:
+            src, bias = n.input[0], None
+        p = prod.get(src)
+        if p is None or p.op_type not in _PRODUCERS or p.domain not in _ONNX or \
+                use.get(src) != 1 or id(p) in drop:
+            continue
+        p = replace.get(id(p), p)
+        if any(a.name == "ortcpu_epilogue" for a in p.attribute) and n.op_type == "Add":
+            continue  # at most: bias, then relu
+        if bias is not None and not _bias_fits(p, consts[bias]):
+            continue
+        new = onnx.NodeProto()
+        new.CopyFrom(p)
+        steps = list(_attr(p, "ortcpu_epilogue", []) or [])
+        steps = [s.decode() if isinstance(s, bytes) else s for s in steps]
+        if bias is not None:
+            new.input.append(bias)  # read by the epilogue, after the producer's inputs
+            steps.append("add")
+        else:
+            steps.append("relu")
+        for a in list(new.attribute):
+            if a.name == "ortcpu_epilogue":
+                new.attribute.remove(a)
+        new.attribute.append(helper.make_attribute("ortcpu_epilogue", steps))
+        new.output[0] = n.output[0]
+        orig = next(k for k, v in replace.items() if v is p) if p in replace.values() \
+            else id(prod[src])
+        replace[orig] = new
+        prod[n.output[0]] = new
+        drop.add(id(n))
+        done.append(f"{p.op_type}+{'Add(bias)' if bias is not None else 'Relu'} in place")
+    return [replace.get(id(n), n) for n in nodes if id(n) not in drop]
+
+
+def _bias_fits(p, bias: torch.Tensor) -> bool:
+    """The bias broadcast leaves the producer's output shape unchanged."""
+    if p.op_type == "MatMul":  # (Gemm and Conv take their bias as an input already)
+        return bias.dim() <= 1 or all(d == 1 for d in bias.shape[:-1])
+    return False

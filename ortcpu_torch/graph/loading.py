@@ -39,7 +39,7 @@ def load_model(model, *, check: bool = True) -> onnx.ModelProto:
     if base_dir is not None and _has_external_data(proto):
         try:
             onnx.external_data_helper.load_external_data_for_model(proto, base_dir)
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, onnx.checker.ValidationError) as e:
             raise InvalidModelError(f"external data of the model could not be read: {e}") \
                 from None
     if check:

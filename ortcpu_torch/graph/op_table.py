@@ -19,7 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import onnx
-import torch
+
+from .loading import tensor_from_proto
 
 ONNX_DOMAIN = ""
 MS_DOMAIN = "com.microsoft"
@@ -119,12 +120,6 @@ def supported() -> list[tuple[str, str, int, int, str]]:
                   for es in _TABLE.values() for e in es)
 
 
-def as_tensor_attr(value) -> torch.Tensor:
-    from onnx import numpy_helper
-
-    return torch.from_numpy(numpy_helper.to_array(value).copy())
-
-
 def parse_attrs(node: onnx.NodeProto) -> dict:
     """Node attributes as Python values (tensors as torch tensors, graphs as GraphProto)."""
     out = {}
@@ -138,7 +133,7 @@ def parse_attrs(node: onnx.NodeProto) -> dict:
         elif t == A.STRING:
             out[a.name] = a.s.decode("utf-8", "replace")
         elif t == A.TENSOR:
-            out[a.name] = as_tensor_attr(a.t)
+            out[a.name] = tensor_from_proto(a.t)
         elif t == A.GRAPH:
             out[a.name] = a.g
         elif t == A.FLOATS:

@@ -156,7 +156,14 @@ kernel_op("LogSoftmax")(_softmax(True))
 
 @kernel_op("MatMul")
 def _matmul(ctx):
-    return _float_or(kernels.get("MatMul"), _int_matmul, ctx)
+    mm = kernels.get("MatMul")
+
+    def matmul(a, b):
+        # [..., M, K] @ [K, N]: one [(...·M), K] GEMM instead of one per batch entry
+        if b.dim() == 2 and a.dim() > 2 and a.is_contiguous():
+            return mm(a.reshape(-1, a.shape[-1]), b).reshape(*a.shape[:-1], b.shape[1])
+        return mm(a, b)
+    return _float_or(matmul, _int_matmul, ctx)
 
 
 def _int_matmul(a, b):
@@ -382,8 +389,8 @@ def _rnn(kind):
         n_schema = 3 if kind == "LSTM" else 2
         used = list(ctx.outputs_used) + [False] * (n_schema - n_out)
         extra = [False] * (2 if kind == "LSTM" else 1)
+        # ONNX LSTM/GRU inputs are LSTMTraining/GRUTraining's, in the same order
         f = functools.partial(kernels.get(name), needs=tuple(used[:n_schema] + extra), **kw)
-        sl_index = 4
 
         def rnn(X, W, R, B=None, SL=None, *rest):
             if SL is not None:
@@ -394,16 +401,12 @@ def _rnn(kind):
             if layout:
                 X = X.transpose(0, 1)
                 rest = tuple(r.transpose(0, 1) if r is not None else None for r in rest)
-            args = [X, W, R, B, SL, *rest]
-            if kind == "LSTM" and len(args) > 7:
-                args = args[:8]
-            outs = list(f(*args)[:n_schema])
+            outs = list(f(X, W, R, B, SL, *rest)[:n_schema])
             if layout:
                 if outs[0] is not None:
                     outs[0] = outs[0].permute(2, 0, 1, 3)
                 outs[1:] = [o.transpose(0, 1) if o is not None else None for o in outs[1:]]
             return outs[0] if n_out == 1 else tuple(outs[:n_out])
-        del sl_index
         return rnn
     return factory
 

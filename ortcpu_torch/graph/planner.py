@@ -120,11 +120,22 @@ def build_plan(graph: onnx.GraphProto, opsets: dict[str, int], constants: dict,
     from .fusions import apply_fusions
 
     consts = dict(constants)
+    outputs = [o.name for o in graph.output]
     nodes = list(graph.node) if nodes is None else nodes
+    # pass 1: fold constants (so fusions see folded weights); pass 2: fuse and bind
+    folded: list = []
+    live = _bind_all(nodes, opsets, consts, fed_names, shapes, types, outputs, folded)
     fusions: list[str] = []
     if fuse:
-        nodes, fusions = apply_fusions(nodes, consts, graph, opsets)
-    outputs = [o.name for o in graph.output]
+        fused, fusions = apply_fusions([n for n, _, _ in live], consts, graph, opsets)
+        if fusions:
+            live = _bind_all(fused, opsets, consts, fed_names, shapes, types, outputs, folded)
+    return _emit(live, folded, fusions, consts, fed_names, outputs)
+
+
+def _bind_all(nodes, opsets, consts, fed_names, shapes, types, outputs, folded):
+    """Bind every node; fold those whose inputs are all constants (results go into
+    ``consts``, the nodes into ``folded``). Returns [(node, entry, fn)] of the rest."""
     consumers: dict[str, int] = {}
     for n in nodes:
         for i in n.input:
@@ -132,13 +143,15 @@ def build_plan(graph: onnx.GraphProto, opsets: dict[str, int], constants: dict,
                 consumers[i] = consumers.get(i, 0) + 1
     for o in outputs:
         consumers[o] = consumers.get(o, 0) + 1
-
     graph_values = frozenset([*fed_names, *consts,
                               *(o for n in nodes for o in n.output if o)])
-    folded, live_nodes = [], []
+    live_nodes = []
+    fresh: set[str] = set()  # values whose storage only their producer's output owns
+    out_set = set(outputs)
     for node in nodes:
         entry = node_entry(node, opsets)
         attrs = parse_attrs(node)
+        epilogue = attrs.pop("ortcpu_epilogue", None)  # set by fusions.py
         in_consts = [consts.get(i) if i else None for i in node.input]
         in_shapes = [shapes.get(i) if i else None for i in node.input]
         ctx = NodeContext(node, attrs, opsets[op_table.canonical_domain(node.domain)],
@@ -147,6 +160,8 @@ def build_plan(graph: onnx.GraphProto, opsets: dict[str, int], constants: dict,
                           [_dtype_of(i, consts, types) for i in node.input], shapes,
                           graph_values=graph_values)
         fn = entry.factory(ctx)
+        if epilogue:
+            fn = _with_epilogue(fn, epilogue)
         if ctx.extra_inputs:  # the binding reads more values than the node lists
             node = _with_inputs(node, ctx.extra_inputs)
             for i in ctx.extra_inputs:
@@ -172,9 +187,60 @@ def build_plan(graph: onnx.GraphProto, opsets: dict[str, int], constants: dict,
                         consts[name] = v
                 folded.append(node)
                 continue
+        inplace = _inplace_variant(node, ctx, fresh, consumers, out_set, shapes)
+        if inplace is not None:
+            fn = inplace
+        if node.domain in ("", "ai.onnx") and node.op_type in _FRESH_OUTPUT:
+            fresh.update(o for o in node.output if o)
         live_nodes.append((node, entry, fn))
+    return live_nodes
 
-    return _emit(live_nodes, folded, fusions, consts, fed_names, outputs)
+
+# ops whose outputs are always newly allocated (never a view of an input)
+_FRESH_OUTPUT = {"Add", "Sub", "Mul", "Div", "Relu", "Sigmoid", "Tanh", "MatMul", "Gemm",
+                 "Conv", "Sum", "Softmax", "LogSoftmax", "Exp", "Erf", "Sqrt", "Pow",
+                 "LayerNormalization", "AveragePool", "MaxPool", "GlobalAveragePool",
+                 "Concat", "Gelu", "LeakyRelu"}
+_INPLACE = {
+    "Add": lambda a, b: a.add_(b), "Sub": lambda a, b: a.sub_(b),
+    "Mul": lambda a, b: a.mul_(b), "Div": lambda a, b: a.div_(b),
+}
+
+
+def _inplace_variant(node, ctx, fresh, consumers, out_set, shapes):
+    """The in-place form of an elementwise node whose first input is a fresh intermediate
+    used only here, with the output's (static) shape and dtype; else None."""
+    if node.domain not in ("", "ai.onnx") or node.op_type not in _INPLACE:
+        return None
+    x = node.input[0]
+    if x not in fresh or consumers.get(x) != 1 or x in out_set:
+        return None
+    sx, so = shapes.get(x), shapes.get(node.output[0])
+    if sx is None or so is None or sx != so or any(not isinstance(d, int) for d in sx):
+        return None
+    dts = ctx.input_dtypes
+    if dts[0] is None or any(d != dts[0] for d in dts):
+        return None
+    if node.op_type == "Div" and not dts[0].is_floating_point:
+        return None  # integer Div truncates (ONNX), div_ would not
+    return _INPLACE[node.op_type]
+
+
+
+def _with_epilogue(fn, steps):
+    """``fn`` followed by in-place steps on its (fresh) output: "add" (the last argument is
+    the bias) and/or "relu"."""
+    add, relu = "add" in steps, "relu" in steps
+    if add and relu:
+        def run(*args):
+            return fn(*args[:-1]).add_(args[-1]).relu_()
+    elif add:
+        def run(*args):
+            return fn(*args[:-1]).add_(args[-1])
+    else:
+        def run(*args):
+            return fn(*args).relu_()
+    return run
 
 
 def _with_inputs(node, extra):
@@ -199,7 +265,8 @@ def _emit(live_nodes, folded, fusions, consts, fed_names, outputs) -> Plan:
     var: dict[str, str] = {}
     glb: dict[str, object] = {}
     for i, name in enumerate(fed_names):
-        var[name] = f"a{i}"
+        if name not in consts:  # an unfed default initializer is a constant instead
+            var[name] = f"a{i}"
     last_use: dict[str, int] = {}
     for k, (node, _, _) in enumerate(live_nodes):
         for i in node.input:

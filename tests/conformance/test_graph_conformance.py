@@ -121,7 +121,7 @@ def test_cnn_batchnorm_eval_export_and_fusion():
     _compare(model, {"x": x})
     s = InferenceSession(model)
     s.run(None, {"x": x})
-    assert "BatchNormalization" in s.report()  # listed as a fusion (folded into the Conv)
+    assert "Conv+BatchNormalization folded x1" in s.report()
 
 
 def _unfold_bn(model, module):

@@ -152,3 +152,52 @@ def test_torch_in_torch_out_numpy_in_numpy_out():
     with pytest.raises(ValueError, match="providers"):
         InferenceSession(m, providers=["CUDAExecutionProvider"])
     assert s.get_inputs()[0].type == "tensor(float)" and s.get_outputs()[0].shape == [2]
+
+
+def test_fusions_gelu_bias_relu_match_unfused():
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((8, 6)).astype(np.float32)
+    b = rng.standard_normal(6).astype(np.float32)
+    nodes = [h.make_node("MatMul", ["x", "w"], ["mm"]), h.make_node("Add", ["mm", "b"], ["y"]),
+             h.make_node("Div", ["y", "sqrt2"], ["d"]), h.make_node("Erf", ["d"], ["e"]),
+             h.make_node("Add", ["e", "one"], ["a"]), h.make_node("Mul", ["y", "a"], ["m"]),
+             h.make_node("Mul", ["m", "half"], ["g"]), h.make_node("MatMul", ["g", "w2"], ["z"]),
+             h.make_node("Relu", ["z"], ["out"])]
+    m = _model(nodes, [_vi("x", shape=[3, 4, 8])], [_vi("out", shape=[3, 4, 5])],
+               [("w", w), ("b", b), ("sqrt2", np.array(2 ** 0.5, np.float32)),
+                ("one", np.array(1.0, np.float32)), ("half", np.array(0.5, np.float32)),
+                ("w2", rng.standard_normal((6, 5)).astype(np.float32))])
+    x = torch.randn(3, 4, 8)
+    fused = Executor(m)
+    out = fused.run({"x": x})["out"]
+    ref = Executor(m, fuse=False).run({"x": x})["out"]
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    plan = fused.plan_for([x])
+    assert sorted(plan.fusions) == ["Erf subgraph -> Gelu x1", "MatMul+Add(bias) in place x1",
+                                    "MatMul+Relu in place x1"]
+    assert [b.node.op_type for b in plan.bound] == ["MatMul", "Gelu", "MatMul"]
+
+
+def test_elementwise_in_place_only_on_private_intermediates():
+    # t1 = x + 1 (x is a feed: never written); t2 = t1 * 2 runs in place on t1 (used once);
+    # t3 = t2 - 1 and t2 is also a graph output: not in place
+    nodes = [h.make_node("Add", ["x", "one"], ["t1"]), h.make_node("Mul", ["t1", "two"], ["t2"]),
+             h.make_node("Sub", ["t2", "one"], ["t3"])]
+    m = _model(nodes, [_vi("x", shape=[4])], [_vi("t3", shape=[4]), _vi("t2", shape=[4])],
+               [("one", np.array(1.0, np.float32)), ("two", np.array(2.0, np.float32))])
+    x = torch.arange(4.0)
+    t3, t2 = InferenceSession(m).run(None, {"x": x})
+    torch.testing.assert_close(x, torch.arange(4.0))
+    torch.testing.assert_close(t2, (torch.arange(4.0) + 1) * 2)
+    torch.testing.assert_close(t3, (torch.arange(4.0) + 1) * 2 - 1)
+
+
+def test_every_registry_op_is_bound_to_its_kernel():
+    from ortcpu_torch import kernels
+    from ortcpu_torch.graph import op_table
+
+    for name in kernels.names():
+        e = op_table.lookup("com.microsoft", name, 1) or op_table.lookup("", name, 17)
+        assert e is not None and e.kind == "kernel", name
+    torch_ops = [t for d, t, lo, hi, kind in op_table.supported() if kind == "torch"]
+    assert "Reshape" in torch_ops and "MatMul" not in torch_ops

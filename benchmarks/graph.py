@@ -1,0 +1,259 @@
+"""Graph executor vs onnxruntime 1.19.2, side by side in one process (2 threads each;
+ORT with ``session.intra_op.allow_spinning = 0``, since its spinning pool threads starve
+everything else in the process on 2 cores).
+
+- per-node cost: a chain of 200 ``Add`` on 1-element tensors (µs per node, ours and ORT;
+  "beyond kernels" subtracts the same 200 torch.add calls made directly);
+- inference, ratio ORT ms / ours ms (> 1: ours faster), batch 1 and 8: the onnx wheel's
+  light resnet50, squeezenet and inception_v1, a torch-exported transformer encoder block
+  (d 256, seq 128) and an MLP 784-1024-1024-10.
+
+Each case alternates the two sides, ``--reps`` rounds, and reports medians. The machine is
+shared: the foreign CPU load during the run is printed with the results.
+
+    python -m benchmarks.graph [--quick] [--reps N] [filter ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+import warnings
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto as TP
+from onnx import helper, numpy_helper
+
+from benchmarks._util import ForeignLoad, machine_info, set_threads, write_results
+from ortcpu_torch.graph import InferenceSession
+
+LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
+
+
+def isa() -> str:
+    try:
+        flags = open("/proc/cpuinfo").read().split("flags", 2)[1].split("\n", 1)[0].split()
+    except (OSError, IndexError):
+        return "unknown"
+    return "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "SSE"
+
+
+def ort_session(model: onnx.ModelProto, threads: int):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.log_severity_level = 3
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    m.ir_version = min(m.ir_version, 9)
+    return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def alternate(ours, theirs, reps: int, inner: int = 1) -> tuple[float, float]:
+    """Median seconds per call of each, alternating sides every round."""
+    a, b = [], []
+    for _ in range(2):
+        ours()
+        theirs()
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            ours()
+        t1 = time.perf_counter()
+        for _ in range(inner):
+            theirs()
+        t2 = time.perf_counter()
+        a.append((t1 - t0) / inner)
+        b.append((t2 - t1) / inner)
+    return statistics.median(a), statistics.median(b)
+
+
+# ---- models --------------------------------------------------------------------------------
+
+
+def add_chain(n: int = 200) -> onnx.ModelProto:
+    nodes = [helper.make_node("Add", ["x" if i == 0 else f"t{i - 1}", "one"], [f"t{i}"])
+             for i in range(n)]
+    g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TP.FLOAT, [1])],
+                          [helper.make_tensor_value_info(f"t{n - 1}", TP.FLOAT, [1])],
+                          initializer=[numpy_helper.from_array(np.ones(1, np.float32), "one")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def light(name: str, batch: int) -> onnx.ModelProto:
+    m = onnx.load(os.path.join(LIGHT, f"light_{name}.onnx"))
+    inits = {t.name for t in m.graph.initializer}
+    for vi in m.graph.input:
+        if vi.name not in inits:
+            vi.type.tensor_type.shape.dim[0].dim_value = batch
+    for vi in m.graph.output:
+        vi.type.tensor_type.shape.dim[0].dim_value = batch
+    del m.graph.value_info[:]
+    # the models' Reshape targets hard-code batch 1 (e.g. [1, 2048]): give them the batch
+    by_name = {t.name: t for t in m.graph.initializer}
+    for node in m.graph.node:
+        t = by_name.get(node.input[1]) if node.op_type == "Reshape" else None
+        if t is not None and node.input[0] not in inits:
+            shape = numpy_helper.to_array(t).copy()
+            if shape[0] == 1 and batch != 1:
+                shape[0] = batch
+                name = f"{t.name}::batch{batch}_{node.output[0]}"
+                m.graph.initializer.append(numpy_helper.from_array(shape, name))
+                if m.ir_version < 4:  # initializers must be listed as inputs too
+                    m.graph.input.append(helper.make_tensor_value_info(name, TP.INT64,
+                                                                       list(shape.shape)))
+                node.input[1] = name
+    return m
+
+
+def torch_export(module, args) -> onnx.ModelProto:
+    import io
+
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module.eval(), args, f, input_names=["x"], output_names=["out"],
+                          opset_version=17, dynamo=False)
+    return onnx.load_from_string(f.getvalue())
+
+
+def encoder(batch: int) -> onnx.ModelProto:
+    from tests.conformance.test_graph_conformance import EncoderBlock
+
+    torch.manual_seed(0)
+    return torch_export(EncoderBlock(256, 8, 1024), (torch.randn(batch, 128, 256),))
+
+
+def mlp(batch: int) -> onnx.ModelProto:
+    from tests.conformance.test_graph_conformance import MLP
+
+    torch.manual_seed(0)
+    return torch_export(MLP((784, 1024, 1024, 10)), (torch.randn(batch, 784),))
+
+
+def feeds_for(model: onnx.ModelProto) -> dict:
+    inits = {t.name for t in model.graph.initializer}
+    rng = np.random.default_rng(0)
+    out = {}
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        out[vi.name] = rng.random(shape, np.float32)
+    return out
+
+
+# ---- cases ---------------------------------------------------------------------------------
+
+
+def per_node(reps: int, threads: int) -> dict:
+    n = 200
+    m = add_chain(n)
+    ours = InferenceSession(m)
+    theirs = ort_session(m, threads)
+    x, xn, one = torch.zeros(1), np.zeros(1, np.float32), torch.ones(1)
+    t_ours, t_ort = alternate(lambda: ours.run(None, {"x": x}),
+                              lambda: theirs.run(None, {"x": xn}), reps, inner=20)
+
+    def direct():
+        y = x
+        for _ in range(n):
+            y = torch.add(y, one)
+    t_direct, _ = alternate(direct, lambda: None, reps, inner=20)
+    return {"case": f"Add chain x{n}, 1 element", "ours_us_per_node": t_ours / n * 1e6,
+            "ort_us_per_node": t_ort / n * 1e6,
+            "torch_add_us_per_node": t_direct / n * 1e6,
+            "beyond_kernels_us_per_node": (t_ours - t_direct) / n * 1e6}
+
+
+CASES = {
+    "resnet50": lambda b: light("resnet50", b),
+    "squeezenet": lambda b: light("squeezenet", b),
+    "inception_v1": lambda b: light("inception_v1", b),
+    "transformer_d256_s128": encoder,
+    "mlp_784_1024_1024_10": mlp,
+}
+
+
+def inference(name: str, batch: int, reps: int, threads: int) -> dict:
+    m = CASES[name](batch)
+    feeds = feeds_for(m)
+    ours = InferenceSession(m)
+    theirs = ort_session(m, threads)
+    a = ours.run(None, feeds)[0]
+    b = theirs.run(None, feeds)[0]
+    err = float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-30))
+    t_ours, t_ort = alternate(lambda: ours.run(None, feeds), lambda: theirs.run(None, feeds),
+                              reps)
+    # ours again on one thread: on this loaded 2-core machine a 2-thread fork-join kernel
+    # waits for its descheduled partner thread at every barrier
+    set_threads(1)
+    try:
+        t_ours1, _ = alternate(lambda: ours.run(None, feeds), lambda: None, reps)
+    finally:
+        set_threads(threads)
+    return {"case": name, "batch": batch, "ours_ms": t_ours * 1e3, "ort_ms": t_ort * 1e3,
+            "ratio": t_ort / t_ours, "ours_1thread_ms": t_ours1 * 1e3,
+            "ratio_1thread": t_ort / t_ours1, "max_rel_diff": err}
+
+
+def markdown(info, node_row, rows, load) -> str:
+    lines = [f"Graph executor vs onnxruntime 1.19.2 ({info['cpu']}, {isa()}, "
+             f"{info['threads']} threads each, ORT without spinning; {info['date']}; "
+             f"foreign CPU load during the run {load['foreign_share']:.0%} of the machine)",
+             "",
+             f"Per-node cost, {node_row['case']}: ours {node_row['ours_us_per_node']:.2f} µs/node"
+             f" (of which beyond the torch.add calls "
+             f"{node_row['beyond_kernels_us_per_node']:.2f}), onnxruntime "
+             f"{node_row['ort_us_per_node']:.2f} µs/node; the same torch.add calls made "
+             f"directly: {node_row['torch_add_us_per_node']:.2f} µs each.", "",
+             "| model | batch | ours ms | onnxruntime ms | ratio ORT/ours | ours 1 thread ms "
+             "| ratio vs ours 1 thread | max rel diff |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['case']} | {r['batch']} | {r['ours_ms']:.2f} | {r['ort_ms']:.2f} | "
+                     f"{r['ratio']:.2f}x | {r['ours_1thread_ms']:.2f} | "
+                     f"{r['ratio_1thread']:.2f}x | {r['max_rel_diff']:.1e} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="few repetitions, batch 1 only")
+    ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("filter", nargs="*", help="run only cases whose name contains one of these")
+    args = ap.parse_args()
+    set_threads(args.threads)
+    reps = args.reps or (3 if args.quick else 7)
+    info = machine_info()
+    info["threads"] = args.threads
+    print(f"{info['cpu']} ({isa()}), {args.threads} threads, load {info['loadavg']}")
+    load = ForeignLoad()
+    node_row = per_node(reps, args.threads)
+    print(node_row)
+    rows = []
+    for name in CASES:
+        if args.filter and not any(f in name for f in args.filter):
+            continue
+        for batch in (1,) if args.quick else (1, 8):
+            r = inference(name, batch, reps, args.threads)
+            print(r, flush=True)
+            rows.append(r)
+    ld = load.report()
+    text = markdown(info, node_row, rows, ld)
+    print(text)
+    if not args.filter and not args.quick:
+        write_results("graph", {"machine": info, "load": ld, "per_node": node_row,
+                                "inference": rows}, text)
+
+
+if __name__ == "__main__":
+    main()
