@@ -100,6 +100,59 @@ def _elu(ctx, node, dy, needs):  # x > 0: 1, else y + alpha
     return [ctx.named(ctx.op("Mul", dy[0], slope), x)]
 
 
+@grad_rule("HardSigmoid")
+def _hard_sigmoid(ctx, node, dy, needs):  # alpha inside the linear piece (torch: open ends)
+    x = node.input[0]
+    alpha, beta = float(attr(node, "alpha", 0.2)), float(attr(node, "beta", 0.5))
+    z = ctx.op("Add", ctx.mul_scalar(x, alpha, x), ctx.scalar(beta, x))
+    inside = ctx.op("And", ctx.op("Greater", z, ctx.scalar(0.0, x)),
+                    ctx.op("Less", z, ctx.scalar(1.0, x)))
+    g = ctx.op("Where", inside, ctx.mul_scalar(dy[0], alpha, x), ctx.scalar(0.0, x))
+    return [ctx.named(g, x)]
+
+
+@grad_rule("HardSwish")
+def _hard_swish(ctx, node, dy, needs):  # torch: 0 below -3, (2x + 3)/6 up to 3, 1 above
+    x = node.input[0]
+    slope = ctx.op("Add", ctx.mul_scalar(x, 1.0 / 3.0, x), ctx.scalar(0.5, x))
+    slope = ctx.op("Where", ctx.op("Less", x, ctx.scalar(-3.0, x)), ctx.scalar(0.0, x),
+                   ctx.op("Where", ctx.op("LessOrEqual", x, ctx.scalar(3.0, x)), slope,
+                          ctx.scalar(1.0, x)))
+    return [ctx.named(ctx.op("Mul", dy[0], slope), x)]
+
+
+@grad_rule("Selu")
+def _selu(ctx, node, dy, needs):  # gamma for x > 0, else y + alpha·gamma
+    x, y = node.input[0], node.output[0]
+    alpha = float(attr(node, "alpha", 1.67326319217681884765625))
+    gamma = float(attr(node, "gamma", 1.05070102214813232421875))
+    slope = ctx.op("Where", ctx.op("Greater", x, ctx.scalar(0.0, x)), ctx.scalar(gamma, x),
+                   ctx.op("Add", y, ctx.scalar(alpha * gamma, x)))
+    return [ctx.named(ctx.op("Mul", dy[0], slope), x)]
+
+
+@grad_rule("Softsign")
+def _softsign(ctx, node, dy, needs):  # 1 / (1 + |x|)²
+    x = node.input[0]
+    d = ctx.op("Add", ctx.op("Abs", x), ctx.scalar(1.0, x))
+    return [ctx.named(ctx.op("Div", dy[0], ctx.op("Mul", d, d)), x)]
+
+
+@grad_rule("PRelu", inputs=(0, 1))
+def _prelu(ctx, node, dy, needs):
+    x, slope = node.input
+    positive = ctx.op("Greater", x, ctx.scalar(0.0, x))
+    zero = ctx.scalar(0.0, x)
+    dx = ds = None
+    if needs[0]:
+        dx = ctx.reduce_to(ctx.op("Where", positive, dy[0], ctx.op("Mul", dy[0], slope)),
+                           ctx.values.shape(node.output[0]), x)
+    if needs[1]:
+        ds = ctx.reduce_to(ctx.op("Where", positive, zero, ctx.op("Mul", dy[0], x)),
+                           ctx.values.shape(node.output[0]), slope)
+    return [dx, ds]
+
+
 def _softmax_axis(ctx, node) -> int:
     if ctx.opset < 13:  # not reachable: the builder requires opset 13
         raise GradientBuildError(f"{describe(node)}: opset {ctx.opset} softmax")

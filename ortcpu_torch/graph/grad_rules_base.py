@@ -170,6 +170,7 @@ class GradContext:
         self.nodes: list[onnx.NodeProto] = []
         self.value_info: dict[str, onnx.ValueInfoProto] = {}
         self._used = used_names
+        self._suffix: dict[str, int] = {}  # next suffix to try per hint (keeps fresh O(1))
         self._const_cache: dict[tuple, str] = {}
         self._shape_cache: dict[str, str] = {}
         self._scope = "Grad"
@@ -182,10 +183,11 @@ class GradContext:
 
     def fresh(self, hint: str) -> str:
         """A value name based on ``hint`` that no other value uses."""
-        name, k = hint, 1
+        name, k = hint, self._suffix.get(hint, 1)
         while name in self._used:
             name = f"{hint}_{k}"
             k += 1
+        self._suffix[hint] = k
         self._used.add(name)
         return name
 

@@ -149,6 +149,16 @@ def _max_min(ctx, node, dy, needs):
 # ---- unary ops ------------------------------------------------------------------------------
 
 
+@grad_rule("CumSum", inputs=(0,))
+def _cumsum(ctx, node, dy, needs):
+    """The adjoint of a running sum is the running sum the other way."""
+    x, axis = node.input
+    reverse = int(attr(node, "reverse", 0))
+    out = ctx.op("CumSum", dy[0], axis, exclusive=int(attr(node, "exclusive", 0)) or None,
+                 reverse=None if reverse else 1, hint=f"{x}_grad")
+    return [ctx.named(out, x)]
+
+
 @grad_rule("Identity")
 def _identity(ctx, node, dy, needs):
     return [dy[0]]
@@ -208,6 +218,67 @@ def _cos(ctx, node, dy, needs):
     return [ctx.op("Neg", ctx.op("Mul", dy[0], ctx.op("Sin", node.input[0])))]
 
 
+@grad_rule("Tan")
+def _tan(ctx, node, dy, needs):  # 1 + y²
+    y = node.output[0]
+    return [ctx.op("Mul", dy[0], ctx.op("Add", ctx.op("Mul", y, y), ctx.scalar(1.0, y)))]
+
+
+def _inverse_sqrt_rule(sign: float, offset: float, square_sign: float):
+    """d/dx of asin/acos/asinh/acosh: sign / sqrt(offset + square_sign·x²)."""
+
+    def rule(ctx, node, dy, needs):
+        x = node.input[0]
+        sq = ctx.mul_scalar(ctx.op("Mul", x, x), square_sign, x)
+        root = ctx.op("Sqrt", ctx.op("Add", sq, ctx.scalar(offset, x)))
+        g = ctx.op("Div", dy[0], root)
+        return [ctx.op("Neg", g) if sign < 0 else g]
+
+    return rule
+
+
+grad_rule("Asin")(_inverse_sqrt_rule(1.0, 1.0, -1.0))
+grad_rule("Acos")(_inverse_sqrt_rule(-1.0, 1.0, -1.0))
+grad_rule("Asinh")(_inverse_sqrt_rule(1.0, 1.0, 1.0))
+grad_rule("Acosh")(_inverse_sqrt_rule(1.0, -1.0, 1.0))
+
+
+@grad_rule("Atan", "Atanh")
+def _atan(ctx, node, dy, needs):  # 1 / (1 ± x²)
+    x = node.input[0]
+    sq = ctx.op("Mul", x, x)
+    if node.op_type == "Atanh":
+        sq = ctx.op("Neg", sq)
+    return [ctx.op("Div", dy[0], ctx.op("Add", sq, ctx.scalar(1.0, x)))]
+
+
+@grad_rule("Sinh")
+def _sinh(ctx, node, dy, needs):
+    return [ctx.op("Mul", dy[0], ctx.op("Cosh", node.input[0]))]
+
+
+@grad_rule("Cosh")
+def _cosh(ctx, node, dy, needs):
+    return [ctx.op("Mul", dy[0], ctx.op("Sinh", node.input[0]))]
+
+
+@grad_rule("Mod", inputs=(0, 1))
+def _mod(ctx, node, dy, needs):
+    """fmod (float Mod): y = a - trunc(a/b)·b, so dA = dY and dB = -dY·trunc(a/b)."""
+    if not int(attr(node, "fmod", 0)):
+        raise GradientBuildError(f"{describe(node)}: Mod with fmod=0 on floats is not valid "
+                                 "ONNX")
+    shape = _out_shape(ctx, node)
+    a, b = node.input
+    da = ctx.reduce_to(dy[0], shape, a) if needs[0] else None
+    db = None
+    if needs[1]:
+        q = ctx.op("Div", a, b)
+        trunc = ctx.op("Mul", ctx.op("Sign", q), ctx.op("Floor", ctx.op("Abs", q)))
+        db = ctx.reduce_to(ctx.op("Neg", ctx.op("Mul", dy[0], trunc)), shape, b)
+    return [da, db]
+
+
 @grad_rule("Clip", inputs=(0,))
 def _clip(ctx, node, dy, needs):
     """dY where min <= x <= max (torch.clamp's rule: the bounds themselves pass)."""
@@ -259,9 +330,12 @@ def _matmul(ctx, node, dy, needs):
         return [da, db]
     out_shape = ctx.values.shape(node.output[0])
     if needs[0]:
-        bt = ctx.op("Transpose", b, perm=[1, 0]) if rb == 2 else _swap_last2(ctx, b, rb)
-        prod = ctx.op("MatMul", g, bt)
-        da = ctx.reduce_to(prod, _with_last2(out_shape, a, ctx), a)
+        if rb == 2:  # [..., N] x Bᵀ as one GEMM over the flattened rows: no copy of B
+            rows = ctx.op("Gemm", ctx.op("Flatten", g, axis=ra - 1), b, transB=1)
+            da = ctx.named(ctx.op("Reshape", rows, ctx.shape_of(a), hint=f"{a}_grad"), a)
+        else:
+            prod = ctx.op("MatMul", g, _swap_last2(ctx, b, rb))
+            da = ctx.reduce_to(prod, _with_last2(out_shape, a, ctx), a)
     if needs[1]:
         if rb == 2:  # a weight shared over the batch dims: one GEMM over the flattened rows
             rows_a = ctx.op("Flatten", a, axis=ra - 1)
@@ -336,6 +410,34 @@ def _gemm(ctx, node, dy, needs):
     return [da, db, dc]
 
 
+@grad_rule("Einsum")
+def _einsum(ctx, node, dy, needs):
+    """Each operand's gradient is an einsum of dY with the other operands, read back
+    into the operand's subscripts. Explicit output subscripts, no ellipsis, no repeated
+    subscript within one operand; an operand's subscripts must appear in the output or in
+    another operand (what is summed out of one operand alone needs an Expand: not done)."""
+    eq = attr(node, "equation")
+    eq = (eq.decode() if isinstance(eq, bytes) else eq).replace(" ", "")
+    if "->" not in eq or "." in eq:
+        raise GradientBuildError(f"{describe(node)}: the Einsum gradient needs explicit "
+                                 f"output subscripts and no ellipsis, got {eq!r}")
+    lhs, out = eq.split("->")
+    subs = lhs.split(",")
+    res = []
+    for i, (x, want) in enumerate(zip(node.input, needs, strict=True)):
+        if not want:
+            res.append(None)
+            continue
+        others = [s for k, s in enumerate(subs) if k != i]
+        if len(set(subs[i])) != len(subs[i]) or not set(subs[i]) <= set(out).union(*others):
+            raise GradientBuildError(f"{describe(node)}: no Einsum gradient rule for operand "
+                                     f"{i} of {eq!r} (repeated or summed-alone subscripts)")
+        inputs = [dy[0]] + [n for k, n in enumerate(node.input) if k != i]
+        grad_eq = ",".join([out] + others) + "->" + subs[i]
+        res.append(ctx.named(ctx.op("Einsum", *inputs, equation=grad_eq, hint=f"{x}_grad"), x))
+    return res
+
+
 # ---- reductions ------------------------------------------------------------------------------
 
 
@@ -391,17 +493,38 @@ def _reduce_sum(ctx, node, dy, needs):
 
 @grad_rule("ReduceMean", inputs=(0,))
 def _reduce_mean(ctx, node, dy, needs):
+    """dY / count, then broadcast back (scaling the small tensor, not the expanded one)."""
     x = node.input[0]
-    g, kind, axes = _expanded(ctx, node, dy[0])
-    if g is None:
+    kind, axes = _reduce_axes(ctx, node)
+    if kind == "none":
         return [dy[0]]
     shape = ctx.values.static_shape(x)
     if shape is not None and kind != "tensor":
         count = int(np.prod(shape if kind == "all" else [shape[a] for a in axes]))
-        return [ctx.named(ctx.mul_scalar(g, 1.0 / max(count, 1), x), x)]
-    ratio = ctx.op("Div", ctx.op("Size", x), ctx.op("Size", node.output[0]))
-    ratio = ctx.op("Cast", ratio, to=ctx.float_dtype(x))
-    return [ctx.named(ctx.op("Div", g, ratio), x)]
+        scaled = ctx.mul_scalar(dy[0], 1.0 / max(count, 1), x)
+    else:
+        ratio = ctx.op("Div", ctx.op("Size", x), ctx.op("Size", node.output[0]))
+        scaled = ctx.op("Div", dy[0], ctx.op("Cast", ratio, to=ctx.float_dtype(x)))
+    g, _, _ = _expanded(ctx, node, scaled)
+    return [ctx.named(g, x)]
+
+
+@grad_rule("ReduceMax", "ReduceMin", inputs=(0,))
+def _reduce_max_min(ctx, node, dy, needs):
+    """torch.amax/amin's rule: dY split evenly over the elements equal to the result."""
+    x, y = node.input[0], node.output[0]
+    g, kind, axes = _expanded(ctx, node, dy[0])
+    if g is None:
+        return [dy[0]]
+    yk = _keep_dims(ctx, node, y, kind, axes)
+    hit = ctx.op("Cast", ctx.op("Equal", x, yk), to=ctx.float_dtype(x))
+    if kind == "static":
+        count = ctx.op("ReduceSum", hit, ctx.ints(axes), keepdims=1)
+    elif kind == "tensor":
+        count = ctx.op("ReduceSum", hit, axes, keepdims=1)
+    else:  # every axis
+        count = ctx.op("ReduceSum", hit, keepdims=1)
+    return [ctx.named(ctx.op("Mul", g, ctx.op("Div", hit, count)), x)]
 
 
 @grad_rule("ReduceSumSquare", inputs=(0,))

@@ -38,13 +38,10 @@ def _outputs(ctx, node, wanted: list[bool], all_required: bool = False) -> list[
     return outs
 
 
-def _result(ctx, node, outs: list[str], count: int) -> list:
-    res = []
-    for i in range(count):
-        name = outs[i] if i < len(outs) else ""
-        res.append(ctx.named(name, node.input[i]) if name and not name.endswith(
-            "_unused") and "_grad_unused" not in name else None)
-    return res
+def _result(ctx, node, outs: list[str], wanted: list[bool]) -> list:
+    """Per input: its gradient's name where wanted, else None."""
+    return [ctx.named(outs[i], node.input[i]) if w and i < len(outs) else None
+            for i, w in enumerate(wanted)]
 
 
 # ---- normalization ---------------------------------------------------------------------------
@@ -59,7 +56,7 @@ def _layer_norm(ctx, node, dy, needs):
     outs = _outputs(ctx, node, wanted, all_required=True)
     ctx.emit("LayerNormalizationGrad", [dy[0], node.input[0], node.input[1], mean, inv_std],
              outs, domain=MS, axis=int(attr(node, "axis", -1)))
-    return _result(ctx, node, outs, len(node.input))
+    return _result(ctx, node, outs, wanted)
 
 
 @grad_rule("SimplifiedLayerNormalization", inputs=(0, 1), outputs=(0,))
@@ -68,7 +65,7 @@ def _simplified_layer_norm(ctx, node, dy, needs):
     outs = _outputs(ctx, node, needs[:2], all_required=True)
     ctx.emit("SimplifiedLayerNormalizationGrad", [dy[0], node.input[0], node.input[1], inv_std],
              outs, domain=MS, axis=int(attr(node, "axis", -1)))
-    return _result(ctx, node, outs, 2)
+    return _result(ctx, node, outs, needs[:2])
 
 
 def _bn_training(ctx, node) -> bool:
@@ -105,7 +102,7 @@ def _batch_norm(ctx, node, dy, needs):
     outs = _outputs(ctx, node, needs[:3], all_required=True)
     ctx.emit("BatchNormalizationGrad", [dy[0], node.input[0], node.input[1], names[3],
                                         names[4]], outs, domain=MS, epsilon=eps)
-    return _result(ctx, node, outs, 3)
+    return _result(ctx, node, outs, needs[:3])
 
 
 def _per_channel(ctx, value: str, rank: int) -> str:
@@ -188,9 +185,10 @@ def _conv(ctx, node, dy, needs):
     has_b = len(node.input) > 2 and bool(node.input[2])
     attrs = _explicit_pads(ctx, node, x, _kernel_shape(ctx, node, w))
     attrs.pop("count_include_pad", None)
-    outs = _outputs(ctx, node, [needs[0], needs[1], has_b and needs[2]])
+    wanted = [needs[0], needs[1], has_b and needs[2]]
+    outs = _outputs(ctx, node, wanted)
     ctx.emit("ConvGrad", [dy[0], x, w], outs, domain=MS, **attrs)
-    return _result(ctx, node, outs, len(node.input))
+    return _result(ctx, node, outs, wanted)
 
 
 @grad_rule("ConvTranspose", inputs=(0, 1, 2))
@@ -249,13 +247,14 @@ def _average_pool(ctx, node, dy, needs):
 @grad_rule("GlobalAveragePool")
 def _global_average_pool(ctx, node, dy, needs):
     x = node.input[0]
-    full = ctx.op("Expand", dy[0], ctx.shape_of(x))
     shape = ctx.values.static_shape(x)
     if shape is not None:
-        return [ctx.named(ctx.mul_scalar(full, 1.0 / max(1, math.prod(shape[2:])), x), x)]
-    count = ctx.op("Cast", ctx.op("Div", ctx.op("Size", x), ctx.op("Size", node.output[0])),
-                   to=ctx.float_dtype(x))
-    return [ctx.named(ctx.op("Div", full, count), x)]
+        scaled = ctx.mul_scalar(dy[0], 1.0 / max(1, math.prod(shape[2:])), x)
+    else:
+        count = ctx.op("Cast", ctx.op("Div", ctx.op("Size", x),
+                                      ctx.op("Size", node.output[0])), to=ctx.float_dtype(x))
+        scaled = ctx.op("Div", dy[0], count)
+    return [ctx.named(ctx.op("Expand", scaled, ctx.shape_of(x), hint=f"{x}_grad"), x)]
 
 
 # ---- losses -------------------------------------------------------------------------------------

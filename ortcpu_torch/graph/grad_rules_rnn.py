@@ -31,8 +31,14 @@ def _to_training(ctx, node, op_type: str, extra_outputs: dict[int, str]) -> dict
 
 
 def _grad_outputs(ctx, node, needs, inputs: list[int]) -> list[str]:
-    return [ctx.fresh(f"{node.input[i]}_grad") if i < len(needs) and needs[i] else ""
-            for i in inputs]
+    """Every gradient output named: ORT 1.19.2's LSTMGrad/GRUGrad kernels crash (SIGSEGV)
+    when an optional output is left out; the ones nothing needs get ``*_unused`` names."""
+    names = []
+    for i in inputs:
+        wanted = i < len(needs) and needs[i]
+        base = input_at(node, i) or f"{node.output[0]}_input{i}"
+        names.append(ctx.fresh(f"{base}_grad" if wanted else f"{base}_grad_unused"))
+    return names
 
 
 def _trim(names: list[str]) -> list[str]:
@@ -53,8 +59,8 @@ def _lstm(ctx, node, dy, needs):
     ins = [node.input[0], node.input[1], node.input[2], "", input_at(node, 5),
            input_at(node, 6), node.output[0], node.output[3], node.output[4],
            *(g or "" for g in dy[:3]), *[""] * (3 - len(dy[:3]))]
-    ctx.emit("LSTMGrad", _trim(ins), _trim(list(outs)), domain=MS, **attrs)
-    return _results(ctx, node, outs, grad_inputs)
+    ctx.emit("LSTMGrad", _trim(ins), outs, domain=MS, **attrs)
+    return _results(ctx, node, needs, outs, grad_inputs)
 
 
 @grad_rule("GRU", inputs=(0, 1, 2, 3, 5), outputs=(0, 1))
@@ -66,13 +72,13 @@ def _gru(ctx, node, dy, needs):
     ins = [node.input[0], node.input[1], node.input[2], input_at(node, 3), "",
            input_at(node, 5), node.output[0], node.output[2],
            *(g or "" for g in dy[:2]), *[""] * (2 - len(dy[:2]))]
-    ctx.emit("GRUGrad", _trim(ins), _trim(list(outs)), domain=MS, **attrs)
-    return _results(ctx, node, outs, grad_inputs)
+    ctx.emit("GRUGrad", _trim(ins), outs, domain=MS, **attrs)
+    return _results(ctx, node, needs, outs, grad_inputs)
 
 
-def _results(ctx, node, outs, grad_inputs) -> list:
+def _results(ctx, node, needs, outs, grad_inputs) -> list:
     res = [None] * len(node.input)
     for name, i in zip(outs, grad_inputs, strict=True):
-        if name:
+        if i < len(needs) and needs[i]:
             res[i] = ctx.named(name, node.input[i])
     return res

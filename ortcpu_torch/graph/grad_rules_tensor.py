@@ -145,6 +145,48 @@ def _gather_nd(ctx, node, dy, needs):
     return [ctx.named(dx, x)]
 
 
+def _scatter(ctx, node, dy, needs, gather_op: str, **gather_attrs):
+    """ScatterElements / ScatterND: the scattered positions of data were overwritten (their
+    gradient is 0, or dY for reduction="add"); updates get dY gathered back."""
+    data, indices, updates = node.input
+    reduction = attr(node, "reduction", b"none")
+    reduction = reduction.decode() if isinstance(reduction, bytes) else reduction
+    if reduction not in ("none", "add"):
+        raise GradientBuildError(f"{describe(node)}: {node.op_type} with reduction="
+                                 f"{reduction!r} has no gradient rule")
+    dd = du = None
+    if needs[0]:
+        if reduction == "add":
+            dd = dy[0]
+        else:
+            dd = ctx.op(node.op_type, dy[0], indices, ctx.zeros_like(updates),
+                        hint=f"{data}_grad", **gather_attrs)
+        dd = ctx.named(dd, data)
+    if needs[2]:
+        du = ctx.named(ctx.op(gather_op, dy[0], indices, hint=f"{updates}_grad",
+                              **gather_attrs), updates)
+    return [dd, None, du]
+
+
+@grad_rule("ScatterElements", inputs=(0, 2))
+def _scatter_elements(ctx, node, dy, needs):
+    return _scatter(ctx, node, dy, needs, "GatherElements", axis=int(attr(node, "axis", 0)))
+
+
+@grad_rule("ScatterND", inputs=(0, 2))
+def _scatter_nd(ctx, node, dy, needs):
+    return _scatter(ctx, node, dy, needs, "GatherND")
+
+
+@grad_rule("Trilu", inputs=(0,))
+def _trilu(ctx, node, dy, needs):  # a mask: the same triangle of dY
+    x = node.input[0]
+    k = input_at(node, 1)
+    out = ctx.op("Trilu", dy[0], *([k] if k else []), upper=int(attr(node, "upper", 1)),
+                 hint=f"{x}_grad")
+    return [ctx.named(out, x)]
+
+
 @grad_rule("Tile", inputs=(0,))
 def _tile(ctx, node, dy, needs):
     """Reshape dY [r0·d0, r1·d1, ...] to [r0, d0, r1, d1, ...] and sum the r axes

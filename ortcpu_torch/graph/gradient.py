@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .. import kernels
 from . import (  # noqa: F401  (each module registers its rules)
     grad_rules_activation,
     grad_rules_math,
@@ -39,7 +40,7 @@ from .grad_rules_base import (
 )
 
 __all__ = ["build_gradient_graph", "GradientBuildError", "FORWARD_NODES_KEY",
-           "gradient_rules"]
+           "gradient_rules", "split_training_graph"]
 
 MIN_OPSET = 13
 MAX_IR_VERSION = 10  # onnxruntime 1.19.2 refuses IR version 11 and later
@@ -111,8 +112,6 @@ def build_gradient_graph(model: onnx.ModelProto | str | os.PathLike | bytes,
                 f"requires_grad: the model already has a value named {p + '_grad'!r}, "
                 f"the name of the gradient output of {p!r}")
     used.update(f"{p}_grad" for p in params)  # reserved for the outputs
-    from .. import kernels
-
     registry = set(kernels.names())
 
     def check_emit(domain: str, op_type: str) -> None:
@@ -161,6 +160,28 @@ def build_gradient_graph(model: onnx.ModelProto | str | os.PathLike | bytes,
     return model
 
 
+def split_training_graph(training: onnx.ModelProto) -> tuple[list, list, list[str]]:
+    """(forward nodes, backward nodes, saved values) of a graph built here: the saved
+    values are what the backward part reads from the forward part (graph inputs,
+    initializers and forward node outputs, in order of first use), i.e. what a caller
+    running the two parts separately (ORTModule) keeps between them."""
+    meta = {p.key: p.value for p in training.metadata_props}
+    if FORWARD_NODES_KEY not in meta:
+        raise ValueError(f"training: no {FORWARD_NODES_KEY!r} metadata; not a graph built by "
+                         "build_gradient_graph")
+    n = int(meta[FORWARD_NODES_KEY])
+    forward, backward = list(training.graph.node[:n]), list(training.graph.node[n:])
+    g = training.graph
+    from_forward = {i.name for i in g.input} | {t.name for t in g.initializer}
+    from_forward |= {o for node in forward for o in node.output if o}
+    saved = []
+    for node in backward:
+        for name in node.input:
+            if name in from_forward and name not in saved:
+                saved.append(name)
+    return forward, backward, saved
+
+
 def gradient_rules() -> list[tuple[str, str]]:
     """(domain, op type) of every op the builder differentiates ("" = ai.onnx); ops that
     stop gradients (Shape, comparisons, random generators, ...) are included."""
@@ -180,7 +201,7 @@ def _load(model) -> onnx.ModelProto:
     if isinstance(model, (str, os.PathLike)):
         try:
             return onnx.load(os.fspath(model))
-        except (OSError, onnx.onnx_cpp2py_export.checker.ValidationError, Exception) as e:
+        except Exception as e:  # OSError, protobuf's DecodeError, onnx's errors
             raise GradientBuildError(f"model: cannot load {os.fspath(model)!r}: {e}") from e
     raise TypeError(f"model: expected an onnx.ModelProto, a path or bytes, got "
                     f"{type(model).__name__}")
@@ -245,12 +266,25 @@ def _type_name(elem_type: int | None) -> str:
 
 
 def _all_names(model: onnx.ModelProto) -> set[str]:
-    g = model.graph
-    names = {i.name for i in g.input} | {o.name for o in g.output}
-    names |= {t.name for t in g.initializer} | {v.name for v in g.value_info}
-    for n in g.node:
-        names.update(n.input)
-        names.update(n.output)
+    """Every value name of the model, subgraphs (If/Loop/Scan bodies) included."""
+    names: set[str] = set()
+
+    def visit(g: onnx.GraphProto) -> None:
+        names.update(i.name for i in g.input)
+        names.update(o.name for o in g.output)
+        names.update(t.name for t in g.initializer)
+        names.update(v.name for v in g.value_info)
+        for n in g.node:
+            names.update(n.input)
+            names.update(n.output)
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    visit(a.g)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    for sub in a.graphs:
+                        visit(sub)
+
+    visit(model.graph)
     names.discard("")
     return names
 
@@ -473,11 +507,15 @@ def _name_gradients(ctx: GradContext, params, finals) -> list[str]:
     renames: dict[str, str] = {}
     for p, v in zip(params, finals, strict=True):
         want = f"{p}_grad"
-        if finals.count(v) > 1 or v not in produced or v in ctx.value_info:
+        if finals.count(v) > 1 or v not in produced:
             ctx.begin_named(want)
             ctx.emit("Identity", [v], [want])
         else:
             renames[v] = want
+            if v in ctx.value_info:
+                vi = ctx.value_info.pop(v)
+                vi.name = want
+                ctx.value_info[want] = vi
     if renames:
         for n in ctx.nodes:
             for k, name in enumerate(n.input):

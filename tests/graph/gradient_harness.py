@@ -12,7 +12,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from ortcpu_torch.graph import build_gradient_graph
-from ortcpu_torch.graph.grad_rules_schemas import register_ort_onnx_domain_schemas
+from ortcpu_torch.graph.loading import _checkable
 
 ort = pytest.importorskip("onnxruntime")
 ort.set_default_logger_severity(3)
@@ -39,21 +39,26 @@ def make_model(nodes, inputs, outputs, initializers=(), opset=17) -> onnx.ModelP
 
 
 def check(model: onnx.ModelProto) -> None:
-    register_ort_onnx_domain_schemas()
-    onnx.checker.check_model(model, full_check=True)
+    """onnx.checker's full check (with strict shape inference); ORT's training ops of the
+    ONNX domain that onnx has no schema for (MaxPoolGrad, AveragePoolGrad) are moved to a
+    domain the checker leaves alone, as the executor's loader does."""
+    onnx.checker.check_model(_checkable(model), full_check=True)
 
 
-def ort_session(model: onnx.ModelProto):
+def ort_session(model: onnx.ModelProto, optimize: bool = False):
+    """An InferenceSession with ORT's graph optimizations off (the graph runs as built),
+    or all on (``optimize``: ORT's default)."""
     so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
+                                   else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.log_severity_level = 3
     return ort.InferenceSession(model.SerializeToString(), so,
                                 providers=["CPUExecutionProvider"])
 
 
-def run_ort(model: onnx.ModelProto, feeds: dict) -> dict:
-    sess = ort_session(model)
+def run_ort(model: onnx.ModelProto, feeds: dict, optimize: bool = False) -> dict:
+    sess = ort_session(model, optimize)
     names = [o.name for o in sess.get_outputs()]
     return dict(zip(names, sess.run(None, feeds), strict=True))
 
@@ -62,7 +67,6 @@ def run_ours(model: onnx.ModelProto, feeds: dict) -> dict:
     """Run ``model`` on our executor (numpy in, numpy out)."""
     from ortcpu_torch.graph import Executor
 
-    register_ort_onnx_domain_schemas()  # its loader runs onnx.checker
     out = Executor(model).run({k: torch.from_numpy(np.asarray(v).copy())
                                for k, v in feeds.items()})
     return {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in out.items()}

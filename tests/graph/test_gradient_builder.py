@@ -10,6 +10,7 @@ import torch
 from onnx import helper as h
 
 from ortcpu_torch.graph import FORWARD_NODES_KEY, GradientBuildError, build_gradient_graph
+from ortcpu_torch.graph.gradient import gradient_rules, split_training_graph
 
 from .gradient_harness import F32, I64, build, make_model, rand, run_ort, run_ours
 
@@ -242,3 +243,70 @@ def test_existing_grad_name_collision():
     model = make_model(nodes, [("x", F32, [3])], [("loss", F32, [])])
     with pytest.raises(GradientBuildError, match="already has a value named 'x_grad'"):
         build_gradient_graph(model, ["x"], "loss")
+
+
+def test_several_losses_are_summed():
+    nodes = [N("ReduceSum", ["x"], ["l1"], keepdims=0), N("Mul", ["x", "x"], ["sq"]),
+             N("ReduceSum", ["sq"], ["l2"], keepdims=0)]
+    model = make_model(nodes, [("x", F32, [4])], [("l1", F32, []), ("l2", F32, [])])
+    training = build(model, ["x"], ["l1", "l2"])
+    x = rand(4)
+    np.testing.assert_allclose(run_ort(training, {"x": x})["x_grad"], 1 + 2 * x, rtol=1e-6)
+
+
+@pytest.mark.parametrize("batch", [0, 1])
+def test_empty_and_size_one_batches(batch):
+    """A symbolic batch of 0 or 1 rows: the same graph gives zeros / the exact gradient.
+    (ORT's Gemm rejects K = 0, and its own builder emits the same Gemm(transA) for weight
+    gradients; ours runs it.)"""
+    init = {"W": rand(3, 2), "b": rand(2)}
+    nodes = [N("Gemm", ["x", "W", "b"], ["y"]), N("Relu", ["y"], ["r"]),
+             N("ReduceSum", ["r"], ["loss"], keepdims=0)]
+    model = make_model(nodes, [("x", F32, ["N", 3])], [("loss", F32, [])], init)
+    training = build(model, ["W", "b", "x"])
+    x = rand(batch, 3)
+    runs = [run_ours(training, {"x": x})]
+    if batch:
+        runs.append(run_ort(training, {"x": x}))
+    for got in runs:
+        mask = (x @ init["W"] + init["b"] > 0).astype(np.float32)
+        np.testing.assert_allclose(got["W_grad"], x.T @ mask, atol=1e-6)
+        np.testing.assert_allclose(got["b_grad"], mask.sum(0), atol=1e-6)
+        np.testing.assert_allclose(got["x_grad"], mask @ init["W"].T, atol=1e-6)
+        assert got["x_grad"].shape == (batch, 3)
+
+
+def test_split_training_graph_and_rule_listing():
+    model, _ = _two_layer()
+    training = build(model, ["W1", "W2"])
+    forward, backward, saved = split_training_graph(training)
+    assert len(forward) == len(model.graph.node)
+    assert len(forward) + len(backward) == len(training.graph.node)
+    # Sigmoid's output (SigmoidGrad), ReduceSumSquare's input and what the MatMul
+    # gradients multiply with; not the loss, not b1 or the MatMul outputs
+    assert {"a", "x", "W2", "out"} <= set(saved)
+    assert not {"loss", "b1", "h0", "o0"} & set(saved)
+    with pytest.raises(ValueError, match="not a graph built by"):
+        split_training_graph(model)
+    rules = gradient_rules()
+    for key in [("", "Conv"), ("", "LSTM"), ("com.microsoft", "Gelu"), ("", "Shape")]:
+        assert key in rules
+
+
+def test_names_inside_subgraphs_are_not_reused():
+    """A value named like a gradient inside an If branch (off the gradient path): the
+    builder's fresh names avoid it."""
+    then = h.make_graph([N("Identity", ["x"], ["y_grad"])], "then", [],
+                        [h.make_tensor_value_info("y_grad", F32, [3])])
+    other = h.make_graph([N("Neg", ["x"], ["n"])], "else", [],
+                         [h.make_tensor_value_info("n", F32, [3])])
+    nodes = [N("Relu", ["x"], ["y"]), N("ReduceSum", ["y"], ["loss"], keepdims=0),
+             N("If", ["flag"], ["side"], then_branch=then, else_branch=other)]
+    model = make_model(nodes, [("x", F32, [3]), ("flag", 9, [])],
+                       [("loss", F32, []), ("side", F32, [3])])
+    training = build(model, ["x"])
+    top = {o for n in training.graph.node for o in n.output}
+    assert "y_grad" not in top
+    x = rand(3)
+    got = run_ort(training, {"x": x, "flag": np.asarray(True)})
+    np.testing.assert_array_equal(got["x_grad"], (x > 0).astype(np.float32))
