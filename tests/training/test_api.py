@@ -441,3 +441,19 @@ def test_ort_optimizer_model_with_ir_14_loads_on_ours(ort_mlp, tmp_path):
     ort_module = ort_api.Module(ort_mlp.train, ort_state)
     with pytest.raises(Exception, match="IR version"):
         ort_api.Optimizer(os.fspath(path), ort_module)
+
+
+@pytest.mark.parametrize("warmup,total", [(0, 10), (5, 5), (7, 3), (1, 1), (4, 100), (0, 0)])
+def test_linear_schedule_grid(ort_mlp, warmup, total):
+    """The documented formula for every step count k, edge cases included (no warm-up,
+    warm-up as long as the run or longer, one step)."""
+    _, _, opt = _session(api, ort_mlp)
+    sched = api.LinearLRScheduler(opt, warmup, total, 0.25)
+    for k in range(0, max(warmup, total) + 3):
+        opt._group.step = k
+        sched.step()
+        if k < warmup:
+            want = 0.25 * k / warmup
+        else:
+            want = 0.25 * max(0.0, (total - k) / max(1, total - warmup))
+        assert opt.get_learning_rate() == pytest.approx(want, rel=1e-6, abs=1e-9), k
