@@ -114,8 +114,9 @@ class Module:
 
     def __call__(self, *user_inputs):
         """One training step (forward + gradient accumulation) or, after :meth:`eval`, one
-        evaluation step. Inputs and outputs are numpy arrays; one output is returned as
-        an array, several as a tuple."""
+        evaluation step. Inputs are numpy arrays (or torch tensors, or onnxruntime
+        OrtValues); outputs numpy arrays (OrtValues when the inputs all are, as in ORT).
+        One output is returned as is, several as a tuple."""
         lay = self._train if self.training else self._eval
         if lay is None:
             raise RuntimeError("eval mode needs an eval model: pass eval_model_uri to Module")
@@ -138,6 +139,9 @@ class Module:
         else:
             out = self._eval_executor.run(feeds, lay.user_outputs)
         results = tuple(out[n].detach().numpy().copy() for n in lay.user_outputs)
+        ort_value = _ort_value_class(user_inputs)
+        if ort_value is not None:  # ORT returns OrtValues for OrtValue inputs
+            results = tuple(ort_value.ortvalue_from_numpy(r) for r in results)
         return results[0] if len(results) == 1 else results
 
     def train(self, mode: bool = True) -> Module:
@@ -248,6 +252,16 @@ def _require_float32(slots) -> None:
     if bad:
         raise TypeError(f"contiguous parameter buffers are float32 only; parameters {bad} "
                         f"are not")
+
+
+def _ort_value_class(inputs):
+    """onnxruntime's OrtValue class when every input is one (then outputs are too)."""
+    kinds = {type(x) for x in inputs}
+    if len(kinds) == 1:
+        kind = next(iter(kinds))
+        if kind.__module__.startswith("onnxruntime") and hasattr(kind, "ortvalue_from_numpy"):
+            return kind
+    return None
 
 
 def _to_tensor(x, name: str) -> torch.Tensor:
