@@ -50,3 +50,8 @@ __all__ += ["FallbackError", "FallbackWarning", "kernels_enabled", "optimize", "
 from .graph import InferenceSession  # noqa: E402
 
 __all__ += ["InferenceSession"]
+
+# graph-wide training (kept in a block of its own)
+from .graph.ortmodule import ORTModule  # noqa: E402
+
+__all__ += ["ORTModule"]

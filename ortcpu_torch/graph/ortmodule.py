@@ -1,0 +1,316 @@
+"""``ORTModule``: a torch module whose forward and backward run as ONNX graphs on our kernels.
+
+Per input signature (shapes, dtypes, requires_grad, non-tensor values, train/eval, grad
+mode) the wrapped module is captured once (``capture.py``), its training graph is built
+(``gradient.build_gradient_graph`` with the outputs' gradients as inputs) and split into a
+forward part and a backward part, each bound to an :class:`Executor`. A call then runs the
+forward part inside one ``torch.autograd.Function``, keeping the values the backward part
+reads; ``backward`` runs the backward part and returns the gradients of the parameters and of
+the inputs that require them, which autograd accumulates into the original ``.grad``s.
+
+BatchNorm running statistics and ``num_batches_tracked`` are written back into the wrapped
+module's buffers in place after every training forward. Dropout masks are drawn from torch's
+generator in the order eager torch draws them, so ``torch.manual_seed`` reproduces a run.
+A module that cannot be captured runs eagerly, warned once (``fallback="warn"``) or raising
+:class:`ortcpu_torch.FallbackError` (``fallback="error"``).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+
+import onnx
+import torch
+from onnx import helper
+from torch.utils import _pytree as pytree
+
+from .capture import CapturedGraph, capture
+from .executor import Executor
+from .gradient import FORWARD_NODES_KEY, build_gradient_graph
+from .lowering import TORCH_TO_ONNX
+
+_MAX_SIGNATURES = 16
+_SHAPE_FROM_FORWARD = {"AveragePoolGrad", "MaxPoolGrad"}
+
+
+@dataclass
+class _Split:
+    """A training graph cut into its forward and backward parts."""
+
+    forward: onnx.ModelProto
+    backward_nodes: list
+    backward_initializers: list
+    backward_inputs: list         # ValueInfos of the graph inputs the backward reads
+    stash: list[str]             # forward values the backward reads
+    grad_outputs: list[str]
+    opsets: list
+    value_info: list             # the training graph's, for shapes the backward reads
+
+
+def _split_training_graph(tg: onnx.ModelProto, seeds: list[str],
+                          forward_outputs: list[str]) -> _Split:
+    n_fwd = int({p.key: p.value for p in tg.metadata_props}[FORWARD_NODES_KEY])
+    g = tg.graph
+    fwd_nodes, bwd_nodes = list(g.node[:n_fwd]), list(g.node[n_fwd:])
+    produced_fwd = {o for n in fwd_nodes for o in n.output if o}
+    produced_bwd = {o for n in bwd_nodes for o in n.output if o}
+    inputs = [i for i in g.input if i.name not in seeds]
+    inits = {t.name: t for t in g.initializer}
+    bwd_reads = []
+    for n in bwd_nodes:
+        for i in n.input:
+            if i and i not in produced_bwd and i not in bwd_reads:
+                bwd_reads.append(i)
+    stash = [v for v in bwd_reads if v in produced_fwd]
+    # pool gradients take their output shape from the forward value "<v>" of "<v>_grad"
+    # when shape inference cannot see through the backward's com.microsoft ops
+    for n in bwd_nodes:
+        if n.op_type in _SHAPE_FROM_FORWARD and n.output[0].endswith("_grad"):
+            v = n.output[0][: -len("_grad")]
+            if v in produced_fwd and v not in stash:
+                stash.append(v)
+    fwd_reads = {i for n in fwd_nodes for i in n.input}
+    outputs = [o for o in g.output if o.name in set(forward_outputs)]
+    out_names = {o.name for o in outputs}
+    outputs += [helper.make_empty_tensor_value_info(s) for s in stash if s not in out_names]
+    fwd_graph = helper.make_graph(fwd_nodes, g.name + "_forward", inputs, outputs,
+                                  [t for n, t in inits.items() if n in fwd_reads],
+                                  value_info=list(g.value_info))
+    fwd = helper.make_model(fwd_graph, opset_imports=list(tg.opset_import))
+    fwd.ir_version = tg.ir_version
+    grads = [o.name for o in g.output if o.name.endswith("_grad") and o.name in produced_bwd]
+    return _Split(forward=fwd, backward_nodes=bwd_nodes,
+                  backward_initializers=[t for n, t in inits.items() if n in bwd_reads],
+                  backward_inputs=[i for i in g.input if i.name in set(bwd_reads)],
+                  stash=stash, grad_outputs=grads, opsets=list(tg.opset_import),
+                  value_info=list(g.value_info))
+
+
+def _value_info_of(name: str, t: torch.Tensor) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, TORCH_TO_ONNX[t.dtype], list(t.shape))
+
+
+@dataclass
+class _Entry:
+    """Everything bound for one input signature."""
+
+    graph: CapturedGraph
+    forward: Executor
+    trainable: list[str] = field(default_factory=list)      # params with gradients
+    grad_inputs: list[int] = field(default_factory=list)    # user-input positions with grads
+    split: _Split | None = None
+    seeds: dict[str, str] = field(default_factory=dict)     # output name -> seed input name
+    backward: Executor | None = None
+    training_model: onnx.ModelProto | None = None
+
+    def build_backward(self, stash_values: dict[str, torch.Tensor]) -> None:
+        """The backward model, typed by the stash values of the first forward run."""
+        s = self.split
+        inputs = list(s.backward_inputs)
+        inputs += [_value_info_of(n, stash_values[n]) for n in s.stash]
+        outputs = [helper.make_empty_tensor_value_info(n) for n in s.grad_outputs]
+        stash = set(s.stash)
+        graph = helper.make_graph(s.backward_nodes, "backward", inputs, outputs,
+                                  s.backward_initializers,
+                                  value_info=[v for v in s.value_info if v.name not in stash])
+        model = helper.make_model(graph, opset_imports=s.opsets)
+        model.ir_version = self.split.forward.ir_version
+        self.backward = Executor(model, check=False)
+
+
+class _GraphFunction(torch.autograd.Function):
+    """Forward part of the graph in ``forward``, backward part in ``backward``.
+
+    ``tensors`` are the differentiable graph inputs (user inputs needing a gradient, then
+    trainable parameters) named by ``names``; ``feeds`` holds the other graph inputs.
+    """
+
+    @staticmethod
+    def forward(ctx, entry: _Entry, module, feeds: dict, names: list[str], *tensors):
+        feeds = dict(feeds)
+        feeds.update(zip(names, (t.detach() for t in tensors), strict=True))
+        outs = entry.forward.run(feeds)
+        g = entry.graph
+        stash = {n: outs[n] for n in entry.split.stash}
+        if entry.backward is None:
+            entry.build_backward(stash)
+        ctx.entry, ctx.names = entry, names
+        ctx.stash = stash
+        # a buffer the forward mutates keeps its old value for the backward (the fed tensor
+        # shares the buffer's storage, which _write_buffers overwrites)
+        ctx.feeds = {i.name: feeds[i.name].clone() if i.name in g.buffer_updates
+                     else feeds[i.name]
+                     for i in entry.split.backward_inputs if i.name in feeds}
+        _write_buffers(module, g, outs)
+        user = [outs[n] for n in g.user_outputs]
+        nondiff = [u for u in user if not u.dtype.is_floating_point]
+        if nondiff:
+            ctx.mark_non_differentiable(*nondiff)
+        return tuple(user)
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        entry = ctx.entry
+        feeds = {**ctx.feeds, **ctx.stash}
+        needed = {i.name for i in entry.split.backward_inputs}
+        for name, grad in zip(entry.graph.user_outputs, grad_outputs, strict=True):
+            seed = entry.seeds.get(name)
+            if seed is not None and seed in needed:
+                feeds[seed] = grad.contiguous()  # materialized: zeros for unused outputs
+        grads = entry.backward.run(feeds)
+        del ctx.stash, ctx.feeds
+        return (None, None, None, None, *(grads.get(f"{n}_grad") for n in ctx.names))
+
+
+def _write_buffers(module, g: CapturedGraph, outs: dict) -> None:
+    """New BatchNorm statistics (and any other mutated buffer) into the module, in place."""
+    with torch.no_grad():
+        for fqn, name in g.buffer_updates.items():
+            module.get_buffer(fqn).copy_(outs[name])
+
+
+class ORTModule(torch.nn.Module):
+    """Run ``module``'s forward and backward as captured ONNX graphs on ortcpu_torch kernels.
+
+    ``ORTModule(model)`` is a drop-in for ``model`` in a training loop: same parameters (the
+    module's own ``nn.Parameter`` objects, so any optimizer works), same ``state_dict`` keys,
+    ``train()``/``eval()``, ``torch.save``/``copy.deepcopy``. Args:
+
+    - ``fallback``: ``"warn"`` (default) runs a module that cannot be captured eagerly in
+      torch, warning once with the reason; ``"error"`` raises ``ortcpu_torch.FallbackError``.
+    - ``save_onnx``: a directory; each captured forward graph and training graph is written
+      there (``<signature>_forward.onnx``, ``<signature>_training.onnx``).
+    """
+
+    def __init__(self, module: torch.nn.Module, *, fallback: str = "warn",
+                 save_onnx: str | os.PathLike | None = None):
+        super().__init__()
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"ORTModule: module must be a torch.nn.Module, got "
+                            f"{type(module).__name__}")
+        if fallback not in ("warn", "error"):
+            raise ValueError(f"ORTModule: fallback must be 'warn' or 'error', got {fallback!r}")
+        self.module = module
+        self.fallback = fallback
+        self.save_onnx = os.fspath(save_onnx) if save_onnx is not None else None
+        self._cache: dict = {}
+        self._fallback_reason: str | None = None
+        self.train(module.training)
+
+    # ---- state: identical to the wrapped module ------------------------------------
+    def state_dict(self, *args, **kwargs):
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        if assign:
+            self._cache.clear()  # parameters are new objects
+        return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_cache"] = {}  # executors are rebuilt on the next call
+        return state
+
+    # ---- running ---------------------------------------------------------------------
+    def forward(self, *args, **kwargs):
+        if self._fallback_reason is not None:
+            return self.module(*args, **kwargs)
+        key = self._signature(args, kwargs)
+        entry = self._cache.get(key)
+        if entry is None:
+            entry = self._build(args, kwargs)
+            if entry is None:
+                return self.module(*args, **kwargs)
+            if len(self._cache) >= _MAX_SIGNATURES:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[key] = entry
+        return self._run(entry, args, kwargs)
+
+    def _signature(self, args, kwargs) -> tuple:
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        sig = tuple((tuple(x.shape), x.dtype, x.requires_grad) if isinstance(x, torch.Tensor)
+                    else (type(x), x if isinstance(x, (int, float, bool, str, type(None)))
+                          else id(x)) for x in flat)
+        return (sig, str(spec), self.module.training, torch.is_grad_enabled())
+
+    def _build(self, args, kwargs) -> _Entry | None:
+        from .._wrap import FallbackError, FallbackWarning
+
+        try:
+            return self._capture(args, kwargs)
+        except Exception as e:  # any capture/build failure means: run eagerly
+            reason = f"{type(e).__name__}: {e}"
+            if self.fallback == "error":
+                raise FallbackError(f"ORTModule could not capture "
+                                    f"{type(self.module).__name__}: {reason}") from e
+            self._fallback_reason = reason
+            warnings.warn(f"ORTModule: {type(self.module).__name__} runs eagerly in torch: "
+                          f"{reason}", FallbackWarning, stacklevel=3)
+            return None
+
+    def _capture(self, args, kwargs) -> _Entry:
+        module = self.module
+        graph = capture(module, args, kwargs, train=module.training)
+        tensors = graph.flatten_inputs(args, kwargs)
+        entry = _Entry(graph=graph, forward=None)
+        if torch.is_grad_enabled():
+            entry.trainable = [p for p in graph.params if module.get_parameter(p).requires_grad]
+            entry.grad_inputs = [i for i, t in enumerate(tensors)
+                                 if t.requires_grad and t.dtype.is_floating_point]
+        wrt = [graph.user_inputs[i] for i in entry.grad_inputs] + entry.trainable
+        tag = f"{'train' if graph.train else 'eval'}_{len(self._cache)}"
+        if wrt:
+            outs = graph.model.graph.output
+            float_outs = [o.name for o in outs if o.name in graph.user_outputs and
+                          o.type.tensor_type.elem_type in (onnx.TensorProto.FLOAT,
+                                                           onnx.TensorProto.DOUBLE)]
+            tg = build_gradient_graph(graph.model, wrt, float_outs, seed_inputs=True)
+            before = {i.name for i in graph.model.graph.input}
+            seed_names = [i.name for i in tg.graph.input if i.name not in before]
+            entry.seeds = dict(zip(float_outs, seed_names, strict=True))
+            forward_outputs = graph.user_outputs + list(graph.buffer_updates.values())
+            entry.split = _split_training_graph(tg, seed_names, forward_outputs)
+            entry.forward = Executor(entry.split.forward, check=False)
+            entry.training_model = tg
+        else:
+            entry.forward = Executor(graph.model, check=False)
+        if self.save_onnx is not None:
+            os.makedirs(self.save_onnx, exist_ok=True)
+            onnx.save_model(graph.model, os.path.join(self.save_onnx, f"{tag}_forward.onnx"))
+            if entry.training_model is not None:
+                onnx.save_model(entry.training_model,
+                                os.path.join(self.save_onnx, f"{tag}_training.onnx"))
+        return entry
+
+    def _run(self, entry: _Entry, args, kwargs):
+        module, g = self.module, entry.graph
+        feeds = g.feeds(module, args, kwargs)  # draws the dropout masks (torch's generator)
+        user = g.flatten_inputs(args, kwargs)
+        names = [g.user_inputs[i] for i in entry.grad_inputs] + entry.trainable
+        tensors = [user[i] for i in entry.grad_inputs] + [module.get_parameter(p)
+                                                          for p in entry.trainable]
+        for n in names:
+            feeds.pop(n, None)
+        if entry.split is None:
+            res = entry.forward.run(feeds)
+            _write_buffers(module, g, res)
+            outs = [res[n] for n in g.user_outputs]
+        else:
+            outs = list(_GraphFunction.apply(entry, module, feeds, names, *tensors))
+        return g.unflatten_outputs(outs)
+
+    def report(self) -> str:
+        """What ran graph-wide (per captured signature) and what fell back to torch."""
+        if self._fallback_reason is not None:
+            return f"{type(self.module).__name__}: eager torch ({self._fallback_reason})"
+        lines = []
+        for entry in self._cache.values():
+            g = entry.graph
+            ops = sorted({n.op_type for n in g.model.graph.node})
+            mode = "train" if g.train else "eval"
+            grad = f", backward: {len(entry.split.backward_nodes)} nodes" if entry.split else ""
+            lines.append(f"{type(self.module).__name__} [{mode}]: graph-wide, forward "
+                         f"{len(g.model.graph.node)} nodes{grad}; ops: {', '.join(ops)}")
+        return "\n".join(lines) or f"{type(self.module).__name__}: not run yet"
