@@ -12,7 +12,7 @@ between them. Cases (float32, AdamW unless noted):
   Linear(32*7*7 -> 10) on 28x28 images, CrossEntropy, SGD, batch 64;
 - ``gru``: GRU(32 -> 128) over 32 steps, Linear(128 -> 10), MSE, batch 64.
 
-The ONNX models are torch exports (``torch.onnx.export``, training mode); the artifacts come
+The ONNX models are captured with ``ortcpu_torch.graph.export(train=True)``; the artifacts come
 from ORT's own ``generate_artifacts`` (``--generator ort``, the default: what applications
 built on ORT have) or from ours. ORT's sessions get ``session.intra_op.allow_spinning = 0``:
 ORT's pool threads otherwise spin after every run and, on 2 cores, starve the other
@@ -41,11 +41,12 @@ import logging  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-import warnings  # noqa: E402
 
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 import torch  # noqa: E402
+
+from ortcpu_torch.graph import export  # noqa: E402
 
 from ._util import ForeignLoad, machine_info, set_threads, write_results  # noqa: E402
 
@@ -107,11 +108,7 @@ def _artifacts(folder, make, shape, loss, optim, generator) -> None:
     torch.manual_seed(0)
     model = make().train()
     path = os.path.join(folder, "model.onnx")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(model, (torch.zeros(shape),), path, input_names=["input"],
-                          output_names=["output"], training=torch.onnx.TrainingMode.TRAINING,
-                          do_constant_folding=False, dynamo=False)
+    graph = export(model, (torch.zeros(shape),), path, train=True)
     params = [n for n, _ in model.named_parameters()]
     if generator == "ort":
         from onnxruntime.training import artifacts as gen
@@ -119,7 +116,8 @@ def _artifacts(folder, make, shape, loss, optim, generator) -> None:
         from ortcpu_torch.training import artifacts as gen
     gen.generate_artifacts(onnx.load(path), requires_grad=params,
                            loss=gen.LossType[loss], optimizer=gen.OptimType[optim],
-                           artifact_directory=folder)
+                           artifact_directory=folder,
+                           loss_input_names=graph.user_outputs[:1])
     opt_path = os.path.join(folder, "optimizer_model.onnx")
     opt = onnx.load(opt_path)  # ORT's generator writes onnx's IR version, which ORT refuses
     opt.ir_version = min(opt.ir_version, 10)

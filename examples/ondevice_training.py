@@ -3,7 +3,8 @@ scikit-learn's digits, from an ONNX model to a trained inference model.
 
     python examples/ondevice_training.py [--steps 300] [--batch 64] [--threads 2] [--out DIR]
 
-1. export a torch model to ONNX (what an ORT user starts from);
+1. export a torch model to ONNX (``ortcpu_torch.graph.export``; an ORT user starts from
+   such a file);
 2. ``artifacts.generate_artifacts``: training / eval / optimizer models + checkpoint;
 3. train with ``api.Module`` / ``api.Optimizer`` / ``api.LinearLRScheduler``;
 4. save the checkpoint (with the optimizer state), reload it, train on;
@@ -18,12 +19,11 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-import warnings
 
 import numpy as np
 import torch
 
-from ortcpu_torch.graph import InferenceSession
+from ortcpu_torch.graph import InferenceSession, export
 from ortcpu_torch.training import api, artifacts
 
 import _common as C
@@ -40,18 +40,15 @@ class DigitsMLP(torch.nn.Module):
         return self.fc2(torch.relu(self.bn(self.fc1(x))))
 
 
-def export_onnx(path: str, seed: int) -> list[str]:
-    """The torch model as ONNX (training mode, so BatchNorm keeps its batch statistics);
-    returns the names of its trainable parameters."""
+def export_onnx(path: str, seed: int) -> tuple[str, str, list[str]]:
+    """The torch model as ONNX with ``ortcpu_torch.graph.export``, in training mode (so
+    BatchNorm normalizes with its batch statistics) and a variable batch size; returns the
+    graph's input and output names and the names of the trainable parameters."""
     torch.manual_seed(seed)
     model = DigitsMLP().train()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
-        torch.onnx.export(model, (torch.zeros(2, 64),), path, input_names=["input"],
-                          output_names=["logits"], dynamic_axes={"input": {0: "batch"}},
-                          training=torch.onnx.TrainingMode.TRAINING,
-                          do_constant_folding=False, dynamo=False)
-    return [n for n, _ in model.named_parameters()]
+    graph = export(model, (torch.zeros(8, 64),), path, train=True,
+                   dynamic_shapes=({0: torch.export.Dim("batch")},))
+    return graph.user_inputs[0], graph.user_outputs[0], [n for n, _ in model.named_parameters()]
 
 
 def accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
@@ -86,11 +83,11 @@ def main() -> None:
         out = args.out or tmp
         os.makedirs(out, exist_ok=True)
         onnx_path = os.path.join(out, "digits_mlp.onnx")
-        params = export_onnx(onnx_path, args.seed)
+        input_name, logits_name, params = export_onnx(onnx_path, args.seed)
         artifacts.generate_artifacts(
             onnx_path, requires_grad=params, loss=artifacts.LossType.CrossEntropyLoss,
             optimizer=artifacts.OptimType.AdamW, artifact_directory=out,
-            additional_output_names=["logits"])
+            additional_output_names=[logits_name])
         a = {k: os.path.join(out, f) for k, f in (
             ("train", "training_model.onnx"), ("eval", "eval_model.onnx"),
             ("optimizer", "optimizer_model.onnx"), ("checkpoint", "checkpoint"))}
@@ -123,15 +120,15 @@ def main() -> None:
         _, logits = module(x_test.numpy(), y_test.numpy())
         print(f"eval model: test accuracy {accuracy(logits, y_test.numpy()):.3f}")
         inference = os.path.join(out, "digits_inference.onnx")
-        module.export_model_for_inferencing(inference, ["logits"])
-        ours = InferenceSession(inference).run(None, {"input": x_test.numpy()})[0]
+        module.export_model_for_inferencing(inference, [logits_name])
+        ours = InferenceSession(inference).run(None, {input_name: x_test.numpy()})[0]
         print(f"exported inference model, our InferenceSession: test accuracy "
               f"{accuracy(ours, y_test.numpy()):.3f}")
         try:
             import onnxruntime
         except ImportError:
             return
-        theirs = onnxruntime.InferenceSession(inference).run(None, {"input": x_test.numpy()})[0]
+        theirs = onnxruntime.InferenceSession(inference).run(None, {input_name: x_test.numpy()})[0]
         print(f"onnxruntime.InferenceSession on the same file: test accuracy "
               f"{accuracy(theirs, y_test.numpy()):.3f} (max |diff| "
               f"{np.abs(theirs - ours).max():.2e})")

@@ -11,6 +11,7 @@ import onnx
 import pytest
 import torch
 
+from ortcpu_torch.graph import export
 from ortcpu_torch.training import api, artifacts
 from ortcpu_torch.training._checkpoint_file import read_checkpoint
 
@@ -303,20 +304,17 @@ class _TorchNet(torch.nn.Module):
 
 
 def test_torch_exported_model(tmp_path):
-    import warnings
-
+    """A model captured by ``ortcpu_torch.graph.export(train=True)`` (training BatchNorm with
+    its running-statistics update written out to ``<stat>.updated`` outputs)."""
     torch.manual_seed(0)
     net = _TorchNet().train()
     path = tmp_path / "net.onnx"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
-        torch.onnx.export(net, (torch.zeros(2, 16),), os.fspath(path), input_names=["input"],
-                          output_names=["output"], dynamic_axes={"input": {0: "batch"}},
-                          training=torch.onnx.TrainingMode.TRAINING,
-                          do_constant_folding=False, dynamo=False)
+    graph = export(net, (torch.zeros(8, 16),), path, train=True,
+                   dynamic_shapes=({0: torch.export.Dim("batch")},))
+    assert "bn.running_mean.updated" in [o.name for o in graph.model.graph.output]
     art = ours(tmp_path, os.fspath(path), requires_grad=[n for n, _ in net.named_parameters()],
                loss=artifacts.LossType.CrossEntropyLoss, optimizer=artifacts.OptimType.AdamW,
-               additional_output_names=["output"])
+               additional_output_names=graph.user_outputs)
     _check_loadable_by_ort_1_19_2(art)
     # after 20 AdamW steps the two libraries' float32 rounding has drifted the logits by
     # ~2e-5 (the loss trajectories agree to 1e-5 relative)
@@ -324,3 +322,32 @@ def test_torch_exported_model(tmp_path):
         np.float32), r.integers(0, 4, 8).astype(np.int64)), eval_atol=1e-4)
     np.testing.assert_allclose(state.parameters["bn.running_var"].data,
                                ort_state.parameters["bn.running_var"].data, rtol=5e-4)
+
+
+@pytest.mark.parametrize("lib", ["ours", "ort"])
+def test_captured_batchnorm_running_stats_follow_torch(tmp_path, lib):
+    """Captured training BatchNorm: the checkpoint holds the running statistics, a training
+    step updates them as torch's forward does, and the eval model normalizes with them."""
+    torch.manual_seed(1)
+    net = _TorchNet().train()
+    path = tmp_path / "net.onnx"
+    graph = export(net, (torch.zeros(6, 16),), path, train=True)
+    art = ours(tmp_path, os.fspath(path), requires_grad=[n for n, _ in net.named_parameters()],
+               loss=artifacts.LossType.CrossEntropyLoss, optimizer=artifacts.OptimType.SGD,
+               additional_output_names=graph.user_outputs)
+    lib_api = api if lib == "ours" else ort_api
+    state = lib_api.CheckpointState.load_checkpoint(art.checkpoint)
+    module = lib_api.Module(art.train, state, None if lib == "ort" else art.eval)
+    x = np.random.default_rng(0).standard_normal((6, 16)).astype(np.float32)
+    module(x, np.array([0, 1, 2, 3, 0, 1], dtype=np.int64))
+    with torch.no_grad():
+        net(torch.from_numpy(x))
+    for stat in ("bn.running_mean", "bn.running_var"):
+        np.testing.assert_allclose(state.parameters[stat].data, net.get_buffer(stat).numpy(),
+                                   rtol=1e-5, atol=1e-6)
+    if lib == "ours":
+        module.eval()
+        _, logits = module(x, np.zeros(6, dtype=np.int64))
+        with torch.no_grad():
+            expected = net.eval()(torch.from_numpy(x)).numpy()
+        np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)

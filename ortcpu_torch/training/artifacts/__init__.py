@@ -10,6 +10,9 @@ as in ``ortcpu_torch.training.api``: IR version <= 10, the model's default-domai
   updated in place by every training step with torch's rule (ORT bakes them in as
   constants); the eval model runs BatchNormalization in inference mode with one output
   (ORT's own eval model has three there, which ORT then refuses to load).
+- Models captured by ``ortcpu_torch.graph.export(..., train=True)`` are accepted: their
+  written-out BatchNorm running-statistics updates (``<stat>.updated`` outputs) become
+  the same checkpoint state.
 - Models ORT's gradient builder rejects, such as torch-exported LayerNormalization with a
   single output (ORT issue #19427), are accepted.
 - ``requires_grad=None`` makes every float initializer not in ``frozen_params`` trainable
@@ -31,6 +34,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from .._checkpoint_file import CheckpointContents, TensorEntry, write_checkpoint
+from ._captured_batchnorm import adopt_captured_batchnorm
 from ._losses import add_loss
 from ._optimizer_model import optimizer_model
 from ._training_model import (
@@ -129,6 +133,7 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     optim_name = _enum_name(optimizer, OptimType, "optimizer")
     forward = _load_model(model)
     opset = _check_opset(forward)
+    adopt_captured_batchnorm(forward)
     frozen = _names(frozen_params, "frozen_params")
     extra_outputs = _names(additional_output_names, "additional_output_names")
     loss_inputs = _names(loss_input_names, "loss_input_names")
