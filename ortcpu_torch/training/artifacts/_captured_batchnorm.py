@@ -17,6 +17,7 @@ from onnx import numpy_helper
 from .._onnx_utils import attribute
 
 UPDATED = ".updated"
+_INT_TYPES = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
 
 
 def _producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
@@ -98,7 +99,13 @@ def adopt_captured_batchnorm(model: onnx.ModelProto) -> list[str]:
             bn.input[index + 2] = stat
             adopted.append(stat)
             break
-    keep = [o for o in g.output if o.name not in updated.values()]
+    if not adopted:
+        return []
+    # drop the adopted statistics' outputs and integer counters (num_batches_tracked, which
+    # only torch's momentum=None mode reads); any other "<x>.updated" output stays
+    counters = {s for s in updated if inits[s].data_type in _INT_TYPES}
+    dropped = {updated[s] for s in (*adopted, *counters)}
+    keep = [o for o in g.output if o.name not in dropped]
     del g.output[:]
     g.output.extend(keep)
     _prune_dead_nodes(g)
