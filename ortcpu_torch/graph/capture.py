@@ -308,15 +308,18 @@ def _node_value_infos(ep, ctx, nodes, outputs):
 
 
 def export(model: torch.nn.Module, args: Sequence, path: str | os.PathLike, *,
-           train: bool = False, kwargs: dict | None = None) -> CapturedGraph:
+           train: bool = False, kwargs: dict | None = None,
+           dynamic_shapes=None) -> CapturedGraph:
     """Write ``model(*args)`` as an ONNX file with its parameters as initializers.
 
     ``train=False`` (default): the eval-mode graph in standard ONNX (opset 17, no
     com.microsoft ops), which onnxruntime's InferenceSession runs. ``train=True``: the
     training-mode graph (com.microsoft Gelu/FastGelu, training BatchNormalization with
-    ``<buffer>.updated`` outputs, dropout masks as inputs). Returns the CapturedGraph.
+    ``<buffer>.updated`` outputs, dropout masks as inputs). ``dynamic_shapes`` as in
+    ``torch.export.export`` (e.g. ``({0: torch.export.Dim("batch")},)`` for a variable
+    batch size of the first input). Returns the CapturedGraph.
     """
     graph = capture(model, args, kwargs, train=train, standard_only=not train,
-                    params_as_initializers=True)
+                    params_as_initializers=True, dynamic_shapes=dynamic_shapes)
     onnx.save_model(graph.model, os.fspath(path))
     return graph
