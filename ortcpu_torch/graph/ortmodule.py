@@ -236,7 +236,7 @@ class ORTModule(torch.nn.Module):
         return (sig, str(spec), self.module.training, torch.is_grad_enabled())
 
     def _build(self, args, kwargs) -> _Entry | None:
-        from .._wrap import FallbackError, FallbackWarning
+        from ..wrap.policy import FallbackError, FallbackWarning
 
         try:
             return self._capture(args, kwargs)
