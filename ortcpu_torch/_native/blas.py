@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from ._ortcpu import ffi, lib
+from .loader import ffi, lib  # the build this process runs (ORTCPU_ISA)
 
 _NAMES = {"auto": lib.ORTCPU_GEMM_AUTO, "openblas": lib.ORTCPU_GEMM_OPENBLAS,
           "mkl": lib.ORTCPU_GEMM_MKL}

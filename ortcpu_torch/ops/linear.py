@@ -17,7 +17,7 @@ import torch
 from .._native.arena import reshaped
 from ..kernels import gemm as KG
 from ..kernels import tensor as KT
-from ..kernels._checks import float_input, same_dtype
+from ..kernels._checks import bool_arg, float_attr, float_input, same_dtype
 from .activations import once_differentiable
 
 
@@ -174,8 +174,20 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
     op = "scaled_dot_product_attention"
     for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, torch.Tensor) or t.dim() < 2:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a tensor, got {type(t).__name__}")
+        if t.dim() < 2:
             raise ValueError(f"{op}: {name} must be a tensor of rank >= 2")
+    is_causal = bool_arg(op, "is_causal", is_causal)
+    enable_gqa = bool_arg(op, "enable_gqa", enable_gqa)
+    dropout_p = float_attr(op, "dropout_p", dropout_p)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"{op}: dropout_p must be in [0, 1), got {dropout_p}")
+    if scale is not None:
+        scale = float_attr(op, "scale", scale)
+    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"{op}: attn_mask must be a tensor or None, got "
+                        f"{type(attn_mask).__name__}")
     if is_causal and attn_mask is not None:
         raise ValueError(f"{op}: attn_mask and is_causal cannot both be set")
     if enable_gqa and query.dim() >= 3 and key.shape[-3] != query.shape[-3]:
@@ -191,6 +203,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     s = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
     scores = matmul(query, key.transpose(-2, -1)) * s
     L, S = scores.shape[-2], scores.shape[-1]
+    if attn_mask is not None:
+        try:
+            torch.broadcast_shapes(attn_mask.shape, scores.shape)
+        except RuntimeError:
+            raise ValueError(f"{op}: attn_mask of shape {list(attn_mask.shape)} does not "
+                             f"broadcast to the scores' {list(scores.shape)}") from None
     if is_causal:
         keep = torch.ones(L, S, dtype=torch.bool).tril()
         scores = scores.masked_fill(~keep, float("-inf"))
