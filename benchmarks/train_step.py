@@ -388,15 +388,17 @@ def isa() -> str:
 
 
 def _rss_child(case_name: str, side: str, threads: int, steps: int = 5) -> None:
-    """Runs in a fresh process: a few steps of one side, prints peak RSS in MB."""
-    import resource
+    """Runs in a fresh process: a few steps of one side, prints peak RSS in MB.
 
+    VmHWM, not ``ru_maxrss``: Linux carries ``ru_maxrss`` over from the forking parent."""
     set_threads(threads)
     case = next(c for c in CASES if c.name == case_name)
     s = build(case, sides=(side,))[side]
     for _ in range(steps):
         s.step()
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    with open("/proc/self/status") as f:
+        kb = next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:"))
+    print(kb / 1024)
 
 
 def peak_rss(cases: list[Case], threads: int) -> dict:
