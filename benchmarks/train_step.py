@@ -11,6 +11,14 @@ stays, and the report says so). Steps alternate between the two sides, in severa
 spread over the run, so machine noise hits both alike; each time is the median step.
 ratio = torch ms / ours ms (> 1: ours is faster).
 
+A third side, ``ortmodule``: the same model wrapped as ``ortcpu_torch.ORTModule(model)``
+(captured once as an ONNX training graph; forward and backward run graph-wide on our
+kernels) with torch's ``AdamW(fused=True)`` on its (unchanged) parameters; it alternates
+with the other two in the same run. ``ortmodule ratio`` = torch ms / ORTModule ms. Its
+first step includes capture + gradient graph + planning; ``capture_s`` is that first step
+minus the median step. ``--rss`` also measures the peak RSS of a few steps in a fresh
+process per side (torch eager vs ORTModule).
+
 Cases:
 - ``transformer``: the issue's GPT-style language model: vocab 1000, d_model 256, 4 heads,
   ff 1024, seq 128, batch 16 (2 blocks; pre-norm, nn.Embedding, nn.LayerNorm, a causal
@@ -18,6 +26,9 @@ Cases:
   F.cross_entropy loss). Dropout is 0 so both sides do the same arithmetic.
 - ``cnn``: MNIST-sized CNN, 2 conv + 2 fc (GELU, MaxPool2d, Dropout(0)), batch 64.
 - ``lstm``: LSTM(28, 128) classifier reading 28x28 images row by row, batch 64.
+- ``digits``: the main job's digits CNN (``examples/digits_cnn.py``: 2 conv + BatchNorm +
+  GELU + maxpool, fc 256-128-10, Dropout(0)) on 1x8x8 images, batch 64, where eager
+  per-op overhead dominates.
 
 ``--profile`` adds torch.profiler's top operators (self CPU time) of one ours step: where
 the remaining time goes. Writes ``benchmarks/results/train_step.{json,md}`` (``--quick``
@@ -56,6 +67,9 @@ from ._util import (
 
 NOISY_SHARE = 0.05
 TARGETS = {"transformer": 1.25, "cnn": 1.15, "lstm": 1.1}  # issue 8, 2 threads
+ORTMODULE_TARGETS = {"transformer": 1.15, "cnn": 1.5, "lstm": 1.1, "digits": 1.3}  # issue 16
+EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                            "examples")
 
 
 # ---- models ---------------------------------------------------------------------------
@@ -157,6 +171,14 @@ def _images(model, shape):
     return model, loss_fn
 
 
+def _digits():
+    if EXAMPLES_DIR not in sys.path:
+        sys.path.insert(0, EXAMPLES_DIR)
+    from digits_cnn import DigitsCNN
+
+    return _images(DigitsCNN(dropout=0.0), (64, 1, 8, 8))
+
+
 @dataclass
 class Case:
     name: str
@@ -171,6 +193,9 @@ CASES = [
          "conv 1-32-64 (3x3, GELU, maxpool 2), fc 3136-128-10, batch 64, 1x28x28"),
     Case("lstm", lambda: _images(LSTMClassifier(), (64, 28, 28)),
          "LSTM(28, 128) over 28 rows, fc 128-10, batch 64"),
+    Case("digits", _digits,
+         "examples/digits_cnn.py: conv 1-32-64 (3x3, BN, GELU, maxpool 2), fc 256-128-10, "
+         "batch 64, 1x8x8"),
 ]
 
 
@@ -194,33 +219,43 @@ class Side:
         return (t1 - t0) * 1e3
 
 
-def build(case: Case) -> dict[str, Side]:
+def build(case: Case, sides=("torch", "ours", "ortmodule")) -> dict[str, Side]:
     torch.manual_seed(0)
     model, loss_fn = case.make()
-    ours_model = copy.deepcopy(model)
-    opt_t = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-    opt_o = torch.optim.AdamW(ours_model.parameters(), lr=1e-3, fused=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ortcpu_torch.FallbackWarning)
-        ours_model, opt_o = ortcpu_torch.optimize(ours_model, opt_o)
-    return {"torch": Side(model, loss_fn, opt_t), "ours": Side(ours_model, loss_fn, opt_o)}
+    out = {}
+    for name in sides:
+        m = copy.deepcopy(model)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3, fused=True)
+        if name == "ours":
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ortcpu_torch.FallbackWarning)
+                m, opt = ortcpu_torch.optimize(m, opt)
+        elif name == "ortmodule":
+            m = ortcpu_torch.ORTModule(m)  # falls back to eager with a warning
+        out[name] = Side(m, loss_fn, opt)
+    return out
 
 
-def measure(sides: dict[str, Side], rounds: int, reps: int, warmup: int) -> None:
-    for _ in range(warmup):
+def measure(sides: dict[str, Side], rounds: int, reps: int, warmup: int) -> dict[str, float]:
+    """Alternating steps (the order rotates every step); returns each side's first step ms."""
+    first = {k: s.step() for k, s in sides.items()}
+    for _ in range(warmup - 1):
         for s in sides.values():
             s.step()
     for s in sides.values():
         s.losses.clear()
+    names = list(sides)
     for r in range(rounds):
         gc.collect()
         gc.disable()
         try:
             for i in range(reps):
-                for k in (("ours", "torch") if (r * reps + i) % 2 == 0 else ("torch", "ours")):
+                j = r * reps + i
+                for k in names[j % len(names):] + names[: j % len(names)]:
                     sides[k].ms.append(sides[k].step())
         finally:
             gc.enable()
+    return first
 
 
 def profile_ours(side: Side, top: int = 15) -> list[dict]:
@@ -242,11 +277,13 @@ def run_case(case: Case, threads: int, rounds: int, reps: int, warmup: int,
              want_profile: bool) -> dict:
     set_threads(threads)
     sides = build(case)
-    measure(sides, rounds, reps, warmup)
+    first = measure(sides, rounds, reps, warmup)
     q = {k: quantiles(s.ms) for k, s in sides.items()}
     pair = [t / o for o, t in zip(sides["ours"].ms, sides["torch"].ms, strict=True)]
-    lt, lo = sides["torch"].losses, sides["ours"].losses
+    pair_om = [t / o for o, t in zip(sides["ortmodule"].ms, sides["torch"].ms, strict=True)]
+    lt, lo, lm = (sides[k].losses for k in ("torch", "ours", "ortmodule"))
     rep = ortcpu_torch.report(sides["ours"].model, file=None)
+    om = sides["ortmodule"].model
     row = {
         "case": case.name,
         "shape": case.shape,
@@ -266,6 +303,16 @@ def run_case(case: Case, threads: int, rounds: int, reps: int, warmup: int,
                            | {f"{f['name']}: {next(iter(f['reasons']))}"
                               for f in rep.functionals if f["calls_torch"]}),
         "optimizer": rep.optimizer,
+        "ortmodule_ms": round(q["ortmodule"]["median"], 2),
+        "ortmodule_ratio": round(q["torch"]["median"] / q["ortmodule"]["median"], 3),
+        "ortmodule_iqr_ms": [round(q["ortmodule"]["p25"], 2),
+                             round(q["ortmodule"]["p75"], 2)],
+        "ortmodule_pair_ratio_median": round(quantiles(pair_om)["median"], 3),
+        "ortmodule_max_loss_diff": max(abs(a - b) for a, b in zip(lt, lm, strict=True)),
+        "ortmodule_graph_wide": om._fallback_reason is None,
+        "ortmodule_report": om.report(),
+        "ortmodule_first_step_ms": round(first["ortmodule"], 1),
+        "capture_s": round((first["ortmodule"] - q["ortmodule"]["median"]) / 1e3, 3),
     }
     if want_profile:
         row["profile_ours"] = profile_ours(sides["ours"])
@@ -278,7 +325,12 @@ def run_case(case: Case, threads: int, rounds: int, reps: int, warmup: int,
 def _line(r: dict) -> str:
     return (f"{r['case']:<12} {r['threads']:>3}  {r['ours_ms']:>9.1f}  {r['torch_ms']:>9.1f}  "
             f"{r['ratio']:>6.2f}x  (pairwise {r['pair_ratio_median']:.2f}x, "
-            f"{r['steps']} steps, max |loss diff| {r['max_loss_diff']:.1e})")
+            f"{r['steps']} steps, max |loss diff| {r['max_loss_diff']:.1e})\n"
+            f"{'  ortmodule':<12} {r['threads']:>3}  {r['ortmodule_ms']:>9.1f}  "
+            f"{r['torch_ms']:>9.1f}  {r['ortmodule_ratio']:>6.2f}x  (pairwise "
+            f"{r['ortmodule_pair_ratio_median']:.2f}x, max |loss diff| "
+            f"{r['ortmodule_max_loss_diff']:.1e}, capture+plan {r['capture_s']:.2f} s"
+            f"{'' if r['ortmodule_graph_wide'] else ', FELL BACK to eager'})")
 
 
 def markdown(result: dict) -> str:
@@ -296,15 +348,27 @@ def markdown(result: dict) -> str:
         f"processes used {100 * fl['foreign_share']:.0f}% of the machine's CPU time"
         + (" — **busy machine: unreliable**." if fl["foreign_share"] > NOISY_SHARE else "."),
         "",
-        "| case | threads | ours ms | torch ms | torch/ours | target |",
-        "|---|--:|--:|--:|--:|--:|",
+        "| case | threads | ours ms | torch ms | torch/ours | target | ORTModule ms | "
+        "torch/ORTModule | target | ORTModule capture+plan s |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in result["rows"]:
         t = TARGETS.get(r["case"])
+        to = ORTMODULE_TARGETS.get(r["case"])
+        fb = "" if r["ortmodule_graph_wide"] else " (fell back)"
         lines.append(f"| {r['case']} | {r['threads']} | {r['ours_ms']:.1f} | "
                      f"{r['torch_ms']:.1f} | {r['ratio']:.2f}x | "
-                     f"{f'≥ {t}x' if t and r['threads'] == 2 else ''} |")
+                     f"{f'≥ {t}x' if t and r['threads'] == 2 else ''} | "
+                     f"{r['ortmodule_ms']:.1f}{fb} | {r['ortmodule_ratio']:.2f}x | "
+                     f"{f'≥ {to}x' if to and r['threads'] == 2 else ''} | "
+                     f"{r['capture_s']:.2f} |")
     lines.append("")
+    if result.get("rss"):
+        lines.append("Peak RSS of a training step, fresh process per side (MB): "
+                     + "; ".join(f"{c}: torch {v['torch']:.0f}, ORTModule {v['ortmodule']:.0f} "
+                                 f"({v['ortmodule'] / v['torch']:.2f}x)"
+                                 for c, v in result["rss"].items()) + ".")
+        lines.append("")
     for r in result["rows"]:
         lines.append(f"- {r['case']} ({r['shape']}), {r['threads']} thr: on our kernels: "
                      f"{', '.join(r['on_our_kernels']) or 'nothing'}; on torch: "
@@ -315,12 +379,56 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def isa() -> str:
+    """The SIMD level that matters for our kernels: avx512f or only avx2."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((ln for ln in f if ln.startswith("flags")), "").split()
+    except OSError:
+        return "unknown ISA"
+    return "avx512f" if "avx512f" in flags else ("avx2, no avx512f" if "avx2" in flags
+                                                 else "no avx2")
+
+
+def _rss_child(case_name: str, side: str, threads: int, steps: int = 5) -> None:
+    """Runs in a fresh process: a few steps of one side, prints peak RSS in MB.
+
+    VmHWM, not ``ru_maxrss``: Linux carries ``ru_maxrss`` over from the forking parent."""
+    set_threads(threads)
+    case = next(c for c in CASES if c.name == case_name)
+    s = build(case, sides=(side,))[side]
+    for _ in range(steps):
+        s.step()
+    with open("/proc/self/status") as f:
+        kb = next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:"))
+    print(kb / 1024)
+
+
+def peak_rss(cases: list[Case], threads: int) -> dict:
+    import subprocess
+
+    out = {}
+    for c in cases:
+        out[c.name] = {}
+        for side in ("torch", "ortmodule"):
+            res = subprocess.run([sys.executable, "-m", "benchmarks.train_step", "--rss-child",
+                                  c.name, side, str(threads)], capture_output=True, text=True,
+                                 check=True, cwd=os.path.dirname(EXAMPLES_DIR))
+            out[c.name][side] = float(res.stdout.strip().splitlines()[-1])
+    return out
+
+
 def main(argv=None) -> int:
+    if argv is None and sys.argv[1:2] == ["--rss-child"]:
+        _rss_child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        return 0
     p = argparse.ArgumentParser(prog="python -m benchmarks.train_step",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer steps")
     p.add_argument("--threads", type=int, nargs="+", default=[2])
     p.add_argument("--profile", action="store_true", help="top ops of one ours step")
+    p.add_argument("--rss", action="store_true",
+                   help="peak RSS of a step, fresh process per side (torch vs ORTModule)")
     p.add_argument("--wait-quiet", type=float, default=0, metavar="SECONDS",
                    help="first wait (at most SECONDS) until the machine is idle")
     p.add_argument("cases", nargs="*", help="run cases whose name contains any of these")
@@ -336,7 +444,9 @@ def main(argv=None) -> int:
               file=sys.stderr)
     load = ForeignLoad()
     machine = machine_info()
-    print(f"{machine['cpu']}, {machine['cpus']} CPUs, torch {machine['torch']}, "
+    machine["isa"] = isa()
+    print(f"{machine['cpu']} ({machine['isa']}), {machine['cpus']} CPUs, "
+          f"torch {machine['torch']}, "
           f"OpenMP runtimes mapped: {', '.join(openmp_runtimes())}")
     print(f"{rounds} rounds of {reps} alternating steps per side after {warmup} warm-up\n")
     print(f"{'case':<12} {'thr':>3}  {'ours ms':>9}  {'torch ms':>9}  {'ratio':>7}")
@@ -350,11 +460,17 @@ def main(argv=None) -> int:
     machine["foreign_load"] = load.report()
     result = {"machine": machine, "rounds": rounds, "reps": reps, "warmup": warmup,
               "rows": rows}
+    if args.rss:
+        result["rss"] = peak_rss(sel, args.threads[0])
+        for c, v in result["rss"].items():
+            print(f"peak RSS {c}: torch {v['torch']:.0f} MB, ORTModule {v['ortmodule']:.0f} MB "
+                  f"({v['ortmodule'] / v['torch']:.2f}x, target <= 1.1x)")
     for r in rows:
         print(f"\n{r['case']} ({r['threads']} thr): on our kernels: "
               f"{', '.join(r['on_our_kernels']) or 'nothing'}")
         print(f"  on torch: {'; '.join(r['on_torch']) or 'nothing'}")
         print(f"  optimizer: {r['optimizer']}")
+        print(f"  ORTModule: {r['ortmodule_report'].splitlines()[0][:160]}")
         for prow in r.get("profile_ours", []):
             print(f"    {prow['op']:<40} {prow['calls']:>5} calls {prow['self_ms']:>9.2f} ms "
                   f"{100 * prow['share']:>5.1f}%")
@@ -368,6 +484,10 @@ def main(argv=None) -> int:
         if t and r["threads"] == 2:
             print(f"target {r['case']}: {r['ratio']:.2f}x (need {t}x): "
                   f"{'met' if r['ratio'] >= t else 'NOT MET'}")
+        to = ORTMODULE_TARGETS.get(r["case"])
+        if to and r["threads"] == 2:
+            print(f"target ORTModule {r['case']}: {r['ortmodule_ratio']:.2f}x (need {to}x): "
+                  f"{'met' if r['ortmodule_ratio'] >= to else 'NOT MET'}")
     stem = "train_step" if not args.quick and not args.cases else "train_step_partial"
     write_results(stem, result, markdown(result))
     return 0

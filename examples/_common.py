@@ -102,6 +102,7 @@ class RunResult:
     losses: list[float] = field(default_factory=list)
     step_ms: list[float] = field(default_factory=list)
     metrics: dict = field(default_factory=dict)
+    graph: str = ""  # ORTModule: what ran graph-wide or why it fell back to eager torch
 
     @property
     def median_step_ms(self) -> float:
@@ -141,6 +142,8 @@ def train(model: torch.nn.Module, optimizer, next_batch: Callable, loss_fn: Call
                 ortcpu_torch.summary.log_model(writer, model, step, weights=True, grads=True)
         if step % 10 == 0:
             bar.set_postfix(loss=f"{value:.4f}")
+    if isinstance(model, ortcpu_torch.ORTModule):
+        res.graph = model.report()
     if not all(math.isfinite(v) for v in res.losses):
         raise RuntimeError(f"{desc}: the loss became non-finite")
     return res
@@ -152,9 +155,19 @@ def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
         return float((model(x).argmax(-1) == y).float().mean())
 
 
-def make_optimizer(model: torch.nn.Module, lr: float, wrap: bool):
-    """torch's fused AdamW; with ``wrap`` the model is wrapped and the optimizer replaced by
-    ortcpu_torch's through ``ortcpu_torch.optimize`` (the one-line change)."""
+def side_name(wrap: bool | str) -> str:
+    """The label of a ``wrap`` setting: torch, ortcpu (eager wrap) or ortmodule."""
+    return "ortmodule" if wrap == "ortmodule" else ("ortcpu" if wrap else "torch")
+
+
+def make_optimizer(model: torch.nn.Module, lr: float, wrap: bool | str):
+    """torch's fused AdamW; with ``wrap=True`` the model is wrapped and the optimizer replaced
+    by ortcpu_torch's through ``ortcpu_torch.optimize`` (the one-line change); with
+    ``wrap="ortmodule"`` the model becomes ``ortcpu_torch.ORTModule(model)`` (captured and run
+    graph-wide) and torch's fused AdamW updates its unchanged parameters."""
+    if wrap == "ortmodule":
+        model = ortcpu_torch.ORTModule(model)
+        return model, torch.optim.AdamW(model.parameters(), lr=lr, fused=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)
     if wrap:
         model, optimizer = ortcpu_torch.optimize(model, optimizer)

@@ -86,7 +86,7 @@ def lm_loss(logits, target):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
 
 
-def run(args, *, wrap: bool, writer=None, progress: bool = True, seq: int = 64):
+def run(args, *, wrap: bool | str, writer=None, progress: bool = True, seq: int = 64):
     data, chars = corpus(seq)
     n_val = len(data) // 10
     train_data, val_data = data[n_val:], data[:n_val]
@@ -94,7 +94,7 @@ def run(args, *, wrap: bool, writer=None, progress: bool = True, seq: int = 64):
     model, optimizer = C.make_optimizer(CharGPT(len(chars), seq), args.lr, wrap)
     res = C.train(model, optimizer, Windows(train_data, seq, args.batch, args.seed), lm_loss,
                   args.steps, writer=writer,
-                  desc=f"char_transformer ({'ortcpu' if wrap else 'torch'})", progress=progress)
+                  desc=f"char_transformer ({C.side_name(wrap)})", progress=progress)
     model.eval()
     with torch.no_grad():
         vx, vy = Windows(val_data, seq, 64, args.seed + 1)()

@@ -30,14 +30,14 @@ class DigitsCNN(torch.nn.Module):
         return self.head(self.features(x))
 
 
-def run(args, *, wrap: bool, writer=None, progress: bool = True, dropout: float = 0.1):
+def run(args, *, wrap: bool | str, writer=None, progress: bool = True, dropout: float = 0.1):
     train_set, test_set = C.digits(args.seed, as_images=True)
     torch.manual_seed(args.seed)
     model = DigitsCNN(dropout)
     model, optimizer = C.make_optimizer(model, args.lr, wrap)
     res = C.train(model, optimizer, C.Batches(*train_set, args.batch, args.seed),
                   F.cross_entropy, args.steps, writer=writer,
-                  desc=f"digits_cnn ({'ortcpu' if wrap else 'torch'})", progress=progress)
+                  desc=f"digits_cnn ({C.side_name(wrap)})", progress=progress)
     res.metrics["test_acc"] = C.accuracy(model, *test_set)
     return res
 
