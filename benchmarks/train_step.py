@@ -299,7 +299,9 @@ def run_case(case: Case, threads: int, rounds: int, reps: int, warmup: int,
         "on_our_kernels": [f"{m['name']} ({m['type']})" for m in rep.modules]
         + [f["name"] for f in rep.functionals if f["calls_ours"]],
         "on_torch": sorted({f"{d['type']}: {d['reason']}" for d in rep.skipped}
-                           | {f"{k} x{v}" for k, v in rep.torch_only.items()}
+                           | {f"{k} x{len(v)}" for k, v in rep.no_counterpart.items()}
+                           | {f"{d['name']} x{d['calls']}" for d in rep.torch_functions
+                              if not d["metadata"]}
                            | {f"{f['name']}: {next(iter(f['reasons']))}"
                               for f in rep.functionals if f["calls_torch"]}),
         "optimizer": rep.optimizer,
