@@ -23,7 +23,8 @@ from onnx import helper
 _ONNX = ("", "ai.onnx")
 
 
-def _consumers(nodes, outputs):
+def consumer_counts(nodes, outputs) -> dict[str, int]:
+    """How many times each value is read: by the nodes' inputs and as a graph output."""
     use: dict[str, int] = {}
     for n in nodes:
         for i in n.input:
@@ -71,7 +72,7 @@ def _summarize(done):
 
 
 def _fold_conv_bn(nodes, consts, outputs, done):
-    use = _consumers(nodes, outputs)
+    use = consumer_counts(nodes, outputs)
     prod = _producers(nodes)
     drop, replace = set(), {}
     for bn in nodes:
@@ -116,7 +117,7 @@ def _fold_conv_bn(nodes, consts, outputs, done):
 
 def _gelu_erf(nodes, consts, outputs, done, opsets):
     """Mul(Mul(x, Add(Erf(Div(x, √2)), 1)), 0.5) (either operand order) -> Gelu(x)."""
-    use = _consumers(nodes, outputs)
+    use = consumer_counts(nodes, outputs)
     prod = _producers(nodes)
     drop, replace = set(), {}
 
@@ -163,7 +164,7 @@ _PRODUCERS = {"MatMul", "Conv", "Gemm"}
 def _epilogues(nodes, consts, outputs, done):
     """Producer + (constant bias Add | Relu) -> producer node carrying the epilogue in a
     ``ortcpu_epilogue`` attribute, run in place on its fresh output by the binding."""
-    use = _consumers(nodes, outputs)
+    use = consumer_counts(nodes, outputs)
     prod = _producers(nodes)
     drop, replace = set(), {}
     for n in nodes:

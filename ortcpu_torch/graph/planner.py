@@ -137,13 +137,9 @@ def build_plan(graph: onnx.GraphProto, opsets: dict[str, int], constants: dict,
 def _bind_all(nodes, opsets, consts, fed_names, shapes, types, outputs, folded):
     """Bind every node; fold those whose inputs are all constants (results go into
     ``consts``, the nodes into ``folded``). Returns [(node, entry, fn)] of the rest."""
-    consumers: dict[str, int] = {}
-    for n in nodes:
-        for i in n.input:
-            if i:
-                consumers[i] = consumers.get(i, 0) + 1
-    for o in outputs:
-        consumers[o] = consumers.get(o, 0) + 1
+    from .fusions import consumer_counts
+
+    consumers = consumer_counts(nodes, outputs)
     graph_values = frozenset([*fed_names, *consts,
                               *(o for n in nodes for o in n.output if o)])
     live_nodes = []
