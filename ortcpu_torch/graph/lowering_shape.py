@@ -125,8 +125,9 @@ def _slice(ctx, node, a):
                             ctx.ints([d]), ctx.int_list([step])])
 
 
-@lowers(aten.select.int)
+@lowers(aten.select.int, aten.index_select.default)
 def _select(ctx, node, a):
+    # a scalar index (select) drops the dim, a 1-D one (index_select) keeps it: both Gather
     x = a["self"]
     d = norm_dim(a["dim"], ctx.rank(x))
     return ctx.op("Gather", [ctx.v(x), ctx.tensor(a["index"], torch.int64)], axis=d)
@@ -187,13 +188,6 @@ def _unbind(ctx, node, a):
         raise LoweringError("unbind along a symbolic dimension")
     parts = _split_sizes(ctx, x, d, [1] * n)
     return tuple(ctx.op("Squeeze", [p, ctx.ints([d])]) for p in parts)
-
-
-@lowers(aten.index_select.default)
-def _index_select(ctx, node, a):
-    x = a["self"]
-    d = norm_dim(a["dim"], ctx.rank(x))
-    return ctx.op("Gather", [ctx.v(x), ctx.tensor(a["index"], torch.int64)], axis=d)
 
 
 @lowers(aten.gather.default)
