@@ -66,7 +66,7 @@ from ._util import (
 )
 
 NOISY_SHARE = 0.05
-TARGETS = {"transformer": 1.25, "cnn": 1.15, "lstm": 1.1}  # issue 8, 2 threads
+TARGETS = {"transformer": 1.05, "cnn": 1.5, "lstm": 1.1}  # issue 18 (eager wrap), 2 threads
 ORTMODULE_TARGETS = {"transformer": 1.15, "cnn": 1.5, "lstm": 1.1, "digits": 1.3}  # issue 16
 EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                             "examples")
