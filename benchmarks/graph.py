@@ -42,10 +42,13 @@ def isa() -> str:
     return "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "SSE"
 
 
-def ort_session(model: onnx.ModelProto, threads: int):
+def ort_session(model: onnx.ModelProto, threads: int, profile_prefix: str | None = None):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
+    if profile_prefix:
+        so.enable_profiling = True
+        so.profile_file_prefix = profile_prefix
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
