@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from .. import kernels
 from ..kernels.activations import softmax_forward
 from ..kernels.gemm import bmm, gemm
+from ..kernels.tensor import slice_plan
 from .op_table import MS_DOMAIN, ONNX_DOMAIN, lookup, op
 from .ops_torch import _wrap_indices, avg_pool_dilated
 
@@ -388,8 +389,31 @@ def _slice(ctx):
     s = kernels.get("Slice")
     if ctx.opset < 10:
         starts, ends, axes = ctx.attr("starts"), ctx.attr("ends"), ctx.attr("axes")
-        return lambda x: s(x, starts, ends, axes)
+        view = _static_slice(ctx, starts, ends, axes, None)
+        return view or (lambda x: s(x, starts, ends, axes))
+    params = [ctx.const(i) if ctx.has_input(i) else None for i in range(1, 5)]
+    if all(p is not None for p in params[:2]) and \
+            all(p is not None for i, p in enumerate(params) if ctx.has_input(i + 1)):
+        view = _static_slice(ctx, *[p.tolist() if p is not None else None for p in params])
+        if view is not None:
+            return view
     return s
+
+
+def _static_slice(ctx, starts, ends, axes, steps):
+    """With the data shape and every parameter known at plan time and positive steps: the
+    slice as a torch view (no copy; consumers that need contiguous data copy), else None."""
+    shape = ctx.input_shapes[0] if ctx.input_shapes else None
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        return None
+    try:
+        plan = slice_plan("Slice", list(shape), starts, ends, axes, steps)
+    except (TypeError, ValueError):
+        return None  # the kernel reports it at run time
+    if any(st < 1 for _, st, _ in plan):
+        return None
+    idx = tuple(slice(b, b + n * st, st) for b, st, n in plan)
+    return lambda x, *params: x[idx]
 
 
 @kernel_op("Split")
@@ -477,25 +501,24 @@ def _generic(name):
 
 
 def _pool_grad(name):
+    """MaxPoolGrad / AveragePoolGrad: the output (the forward input's) shape comes from the
+    graph's shapes (value_info, as ORT's gradient builder records it); N and C, when only
+    those are symbolic there, from dY at run time."""
     def factory(ctx):
         shape = ctx.output_shapes[0] if ctx.output_shapes else None
-        out = ctx.node.output[0]
-        if shape is not None and all(isinstance(d, int) for d in shape):
-            return bind_kernel(name, ctx, kw={**_kwargs(ctx), "output_shape": list(shape)})
-        fwd = out[: -len("_grad")] if out.endswith("_grad") else None
-        if fwd is None or fwd not in ctx.graph_values:
-            raise ctx.error("the shape of its output (the forward input's shape) must be "
-                            "known from the graph (value_info) to run this node")
-        # ORT's gradient builder names the gradient of value v "v_grad": take the shape
-        # from v itself at run time
-        ctx.extra_inputs.append(fwd)
-        f = kernels.get(name)
+        if shape is None or len(shape) < 3 or \
+                not all(isinstance(d, int) for d in shape[2:]):
+            raise ctx.error(f"the shape of output {ctx.node.output[0]!r} (the forward "
+                            "input's shape) must be known from the graph: give the model "
+                            "value_info for it")
         kw = _kwargs(ctx)
-        n_in = len(ctx.node.input)
+        if all(isinstance(d, int) for d in shape):
+            return bind_kernel(name, ctx, kw={**kw, "output_shape": list(shape)})
+        f = kernels.get(name)
+        spatial = list(shape[2:])
 
-        def pool_grad(*args):
-            *ins, ref = args
-            return f(*ins[:n_in], output_shape=list(ref.shape), **kw)
+        def pool_grad(dy, *rest):
+            return f(dy, *rest, output_shape=[*dy.shape[:2], *spatial], **kw)
         return pool_grad
     return factory
 

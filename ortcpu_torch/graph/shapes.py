@@ -66,6 +66,14 @@ def infer_value_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple],
             out[vi.name] = d
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
             types[vi.name] = vi.type.tensor_type.elem_type
+    # the model's own value_info fills in what onnx cannot infer (ORT's training ops, e.g.
+    # the pool gradients, whose output shape the gradient builder records there)
+    for vi in g.value_info:
+        d = _dims(vi.type)
+        if d is not None and vi.name not in out:
+            out[vi.name] = d
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+            types.setdefault(vi.name, vi.type.tensor_type.elem_type)
     for t in model.graph.initializer:
         types.setdefault(t.name, t.data_type)
     out.update(input_shapes)
