@@ -152,7 +152,8 @@ def build_plan(graph: onnx.GraphProto, opsets: dict[str, int], constants: dict,
     live = _bind_all(nodes, opsets, consts, fed_names, shapes, types, outputs, folded)
     fusions: list[str] = []
     if fuse:
-        fused, fusions = apply_fusions([n for n, _, _ in live], consts, graph, opsets)
+        fused, fusions = apply_fusions([n for n, _, _ in live], consts, graph, opsets,
+                                       shapes)
         if fusions:
             live = _bind_all(fused, opsets, consts, fed_names, shapes, types, outputs, folded)
     return _emit(live, folded, fusions, consts, fed_names, outputs)
