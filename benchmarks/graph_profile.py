@@ -34,6 +34,9 @@ def ours_profile(sess: InferenceSession, feeds: dict, reps: int, clock) -> dict:
     plan = ex.plan_for(vals)
     samples: dict[str, list] = {}
     ops: dict[str, str] = {}
+    # onnxruntime names the nodes it rewrites (NCHWc convs, ...) after their output
+    aliases = {n.output[0]: n.name for n in ex.model.graph.node if n.name and n.output}
+    ours_profile.aliases = aliases
     for _ in range(reps):
         _, rows = plan.profile(*vals, clock=clock)
         for node, t in rows:
@@ -97,8 +100,12 @@ def main() -> None:
         for op in sorted(set(a) | set(b), key=lambda o: -a.get(o, 0)):
             print(f"{op:<28}{a.get(op, 0) * 1e3:>10.3f}{b.get(op, 0) * 1e3:>10.3f}")
         print(f"slowest {args.top} of ours (ORT's node of the same name, if it kept one):")
+        by_ours_name = {}
+        for k, v in theirs.items():
+            base = k[: -len("_nchwc")] if k.endswith("_nchwc") else k
+            by_ours_name[ours_profile.aliases.get(base, base)] = v
         for k, (op, t) in sorted(ours.items(), key=lambda kv: -kv[1][1])[: args.top]:
-            ort_t = theirs.get(k, (None, None))[1]
+            ort_t = by_ours_name.get(k, (None, None))[1]
             ort_s = f"{ort_t * 1e3:.3f}" if ort_t is not None else "-"
             print(f"  {k[:40]:<40} {op:<18}{t * 1e3:>9.3f}{ort_s:>10}")
 
