@@ -1,6 +1,7 @@
 """Graph executor vs onnxruntime 1.19.2, side by side in one process (2 threads each;
 ORT with ``session.intra_op.allow_spinning = 0``, since its spinning pool threads starve
-everything else in the process on 2 cores).
+everything else in the process on 2 cores; ours, for the same reason, with OpenMP's
+``OMP_WAIT_POLICY=PASSIVE`` unless ``--spin`` is given: benchmarks/_omp_passive.py).
 
 - per-node cost: a chain of 200 ``Add`` on 1-element tensors (µs per node, ours and ORT;
   "beyond kernels" subtracts the same 200 torch.add calls made directly);
@@ -11,25 +12,31 @@ everything else in the process on 2 cores).
 Each case alternates the two sides, ``--reps`` rounds, and reports medians. The machine is
 shared: the foreign CPU load during the run is printed with the results.
 
-    python -m benchmarks.graph [--quick] [--reps N] [filter ...]
+    python -m benchmarks.graph [--quick] [--reps N] [--threads N] [--cpu-time] [--spin]
+                               [filter ...]
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-import statistics
-import time
-import warnings
+# first, before torch loads libgomp: OpenMP's passive wait policy (unless --spin)
+from benchmarks._omp_passive import policy as omp_policy
 
-import numpy as np
-import onnx
-import torch
-from onnx import TensorProto as TP
-from onnx import helper, numpy_helper
+OMP_POLICY = omp_policy()
 
-from benchmarks._util import ForeignLoad, machine_info, set_threads, write_results
-from ortcpu_torch.graph import InferenceSession
+import argparse  # noqa: E402
+import os  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+import torch  # noqa: E402
+from onnx import TensorProto as TP  # noqa: E402
+from onnx import helper, numpy_helper  # noqa: E402
+
+from benchmarks._util import ForeignLoad, machine_info, set_threads, write_results  # noqa: E402
+from ortcpu_torch.graph import InferenceSession  # noqa: E402
 
 LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
 
@@ -216,7 +223,9 @@ def inference(name: str, batch: int, reps: int, threads: int) -> dict:
 
 def markdown(info, node_row, rows, load) -> str:
     lines = [f"Graph executor vs onnxruntime 1.19.2 ({info['cpu']}, {isa()}, "
-             f"{info['threads']} threads each, ORT without spinning; {info['date']}; "
+             f"{info['threads']} threads each, ORT without spinning, ours with OpenMP wait "
+             f"policy {OMP_POLICY}; {'CPU' if CLOCK is time.process_time else 'wall'}"
+             f" time; {info['date']}; "
              f"foreign CPU load during the run {load['foreign_share']:.0%} of the machine)",
              "",
              f"Per-node cost, {node_row['case']}: ours {node_row['ours_us_per_node']:.2f} µs/node"
@@ -249,6 +258,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="few repetitions, batch 1 only")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--spin", action="store_true",
+                    help="keep OpenMP's default spin-then-sleep wait (ours)")
     ap.add_argument("--cpu-time", action="store_true",
                     help="time with process CPU time instead of wall time (loaded machine)")
     ap.add_argument("filter", nargs="*", help="run only cases whose name contains one of these")
