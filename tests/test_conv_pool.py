@@ -237,6 +237,31 @@ def test_max_pool_vs_torch(case, dtype):
 
 
 @pytest.mark.parametrize("dtype", DT)
+@pytest.mark.parametrize("case", POOL_CASES + [
+    (2, (31, 40), 3, 2, 0, 1, True),      # squeezenet's 3x3/s2 ceil_mode
+    (2, (17, 23), 3, 1, 1, 1, False),
+    (2, (16, 21), 2, 2, 1, 1, True),
+    (2, (19, 25), (2, 5), (3, 2), (1, 2), (1, 2), False),
+    (1, (3,), 5, 1, 2, 1, False),
+])
+def test_max_pool_without_indices_vs_torch(case, dtype):
+    """Y alone takes the separable path (column maxima, then window maxima); NaN still
+    propagates from any tap."""
+    r, sp, k, s, p, d, cm = case
+    x = torch.randn(2, 3, *sp, dtype=dtype)
+    x.view(-1)[:: max(x.numel() // 5, 1)] = float("nan")
+    kw = dict(kernel_shape=[k] * r if isinstance(k, int) else list(k),
+              strides=[s] * r if isinstance(s, int) else list(s),
+              dilations=[d] * r if isinstance(d, int) else list(d),
+              ceil_mode=int(cm), needs=(True, False))
+    pp = [p] * r if isinstance(p, int) else list(p)
+    y, none = K.MaxPool(x, pads=pp + pp, **kw)
+    assert none is None
+    ref = MAXF[r](x, k, s, p, d, cm)
+    torch.testing.assert_close(y, ref, equal_nan=True, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DT)
 @pytest.mark.parametrize("cip", [True, False])
 @pytest.mark.parametrize("case", POOL_CASES)
 def test_avg_pool_vs_torch(case, cip, dtype):

@@ -62,6 +62,37 @@ def test_gemm_matches_float64(backend, dtype, ta, tb):
                 assert not (excess > 0).any(), (m, n, k, threads, alpha, beta)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("ta,tb", [(0, 0), (0, 1), (1, 0), (1, 1)])
+def test_matrix_vector_gemm_matches_float64(dtype, ta, tb):
+    """m == 1 or n == 1 runs as a GEMV (row slabs over threads); padded leading dims, NaN in
+    C under beta = 0, a strided output column (ldc > n)."""
+    eps = 2e-7 if dtype == torch.float32 else 5e-16
+    fn = lib.ortcpu_gemm_mt_f32 if dtype == torch.float32 else lib.ortcpu_gemm_mt_f64
+    for m, n, k in ((1, 1000, 300), (1, 37, 5), (700, 1, 300), (1, 1, 300), (3, 1, 2)):
+        for threads in (1, 2):
+            for alpha, beta in ((1.0, 0.0), (-2.0, 0.25)):
+                pad = 3  # leading dims larger than the rows
+                a = torch.randn((k, m + pad) if ta else (m, k + pad), dtype=dtype)
+                b = torch.randn((n, k + pad) if tb else (k, n + pad), dtype=dtype)
+                ldc = n + pad
+                c = torch.randn(m, ldc, dtype=dtype)
+                if beta == 0:
+                    c[:, :n] = float("nan")
+                before = c.clone()
+                opa = (a[:, :m].double().T if ta else a[:, :k].double())
+                opb = (b[:, :k].double().T if tb else b[:, :n].double())
+                cc = torch.nan_to_num(before[:, :n].double()) if beta else 0
+                ref = alpha * (opa @ opb) + beta * cc
+                mag = abs(alpha) * (opa.abs() @ opb.abs()) + abs(beta) * abs(cc)
+                st = fn(ta, tb, m, n, k, alpha, ptr(a), a.shape[1], ptr(b), b.shape[1], beta,
+                        ptr(c), ldc, threads)
+                assert st == 0, ffi.string(lib.ortcpu_last_error()).decode()
+                excess = (c[:, :n].double() - ref).abs() - 2 * eps * (k + 2) * mag
+                assert not (excess > 0).any() and not c[:, :n].isnan().any(), (m, n, k)
+                assert torch.equal(c[:, n:], before[:, n:])  # the padding is not written
+
+
 def test_large_threaded_gemm_and_nan_beta(backend):
     # big enough to split over threads (>= 4 MFLOP); beta = 0 ignores NaN in C (BLAS rule)
     m, n, k = 256, 384, 128

@@ -49,6 +49,7 @@ void ort_gemm_unpack_b(ort_packed_b *pb)
 #define IS_F64 0
 #define HAVE_PACK 1
 #define BLAS_GEMM scipy_cblas_sgemm
+#define BLAS_GEMV scipy_cblas_sgemv
 #define MKL_GEMM sgemm
 #include "gemm.inc"
 #undef T
@@ -56,6 +57,7 @@ void ort_gemm_unpack_b(ort_packed_b *pb)
 #undef IS_F64
 #undef HAVE_PACK
 #undef BLAS_GEMM
+#undef BLAS_GEMV
 #undef MKL_GEMM
 
 #define T double
@@ -63,6 +65,7 @@ void ort_gemm_unpack_b(ort_packed_b *pb)
 #define IS_F64 1
 #define HAVE_PACK 0 /* MKL packs only float32 here (no dgemm_pack export) */
 #define BLAS_GEMM scipy_cblas_dgemm
+#define BLAS_GEMV scipy_cblas_dgemv
 #define MKL_GEMM dgemm
 #include "gemm.inc"
 #undef T
@@ -70,4 +73,5 @@ void ort_gemm_unpack_b(ort_packed_b *pb)
 #undef IS_F64
 #undef HAVE_PACK
 #undef BLAS_GEMM
+#undef BLAS_GEMV
 #undef MKL_GEMM

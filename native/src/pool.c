@@ -10,6 +10,8 @@
 #include "common.h"
 
 #include <omp.h>
+#include <stdlib.h>
+#include <string.h>
 
 typedef struct {
     int64_t planes;
@@ -43,6 +45,18 @@ static inline void pool_window(const pool_geom *q, int a, int64_t o, int64_t *lo
     *padded_len = ep - s;
     *lo = s < 0 ? 0 : s;
     *hi = e < q->in[a] ? e : q->in[a];
+}
+
+/* taps [k0, k1) of a window starting at `start` (dilation `dil`, `k` taps) that fall in
+ * [0, n) */
+static inline void pool_taps(int64_t start, int64_t dil, int64_t k, int64_t n, int64_t *k0,
+                             int64_t *k1)
+{
+    int64_t a = start >= 0 ? 0 : (-start + dil - 1) / dil;
+    int64_t b = n - start > 0 ? (n - start + dil - 1) / dil : 0;
+    *k0 = a;
+    *k1 = b < k ? b : k;
+    if (*k1 < *k0) *k1 = *k0;
 }
 
 static int pool_is_2x2(const pool_geom *q)

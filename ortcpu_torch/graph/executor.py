@@ -140,11 +140,12 @@ class Executor:
         shapes_in = {s.name: tuple(v.shape) for s, v in zip(self.inputs, values, strict=True)
                      if isinstance(v, torch.Tensor)}
         types_in = {s.name: s.elem_type for s in self.inputs}
-        shapes, types = infer_value_shapes(self.model, shapes_in, types_in)
         consts = dict(self.constants)
         for n, v in zip(self.input_names, values, strict=True):
             if n in self.defaults and v is self.defaults[n]:
                 consts[n] = v  # not fed: a constant of this plan (folded like the others)
+        shapes, types = infer_value_shapes(self.model, shapes_in, types_in,
+                                           frozenset(n for n in self.defaults if n in consts))
         plan = build_plan(self.model.graph, self.opsets, consts, self.input_names,
                           shapes, types, fuse=self.fuse)
         if len(self._plans) >= 64:  # bound the cache under ever-changing shapes

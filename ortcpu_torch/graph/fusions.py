@@ -4,9 +4,10 @@
   and bias (W·s, (B - mean)·s + beta, s = scale/sqrt(var + eps), computed in float64);
 - the Erf-based GELU subgraph (x·(erf(x/√2) + 1)·0.5, as torch's exporter writes it) ->
   com.microsoft Gelu (the registry kernel);
-- MatMul + Add of a constant bias over the last dim, and Conv/Gemm/MatMul + Relu: the
-  bias add / activation runs in place on the producing kernel's freshly allocated output
-  (one pass and one allocation fewer).
+- MatMul + Add of a constant bias over the last dim, Conv/Gemm/MatMul + Add/Sum of a
+  residual of the output's shape computed earlier (ResNet's skip connections), and
+  Conv/Gemm/MatMul + Relu: the add / activation runs in place on the producing kernel's
+  freshly allocated output (one allocation fewer).
 
 Every rewrite requires the intermediate to have exactly one consumer and not to be a graph
 output, and only constants (initializers, folded values) are rewritten.
@@ -53,14 +54,15 @@ def _scalar_const(consts, name):
     return None
 
 
-def apply_fusions(nodes, consts, graph, opsets):
+def apply_fusions(nodes, consts, graph, opsets, shapes=None):
     """Rewrite ``nodes`` (topologically ordered NodeProtos); new constants go into
-    ``consts``. Returns (nodes, descriptions of what was fused)."""
+    ``consts``; ``shapes``: static value shapes (residual adds need them). Returns (nodes,
+    descriptions of what was fused)."""
     outputs = [o.name for o in graph.output]
     done: list[str] = []
     nodes = _fold_conv_bn(nodes, consts, outputs, done)
     nodes = _gelu_erf(nodes, consts, outputs, done, opsets)
-    nodes = _epilogues(nodes, consts, outputs, done)
+    nodes = _epilogues(nodes, consts, outputs, done, shapes)
     return nodes, _summarize(done)
 
 
@@ -161,18 +163,25 @@ def _gelu_erf(nodes, consts, outputs, done, opsets):
 _PRODUCERS = {"MatMul", "Conv", "Gemm"}
 
 
-def _epilogues(nodes, consts, outputs, done):
-    """Producer + (constant bias Add | Relu) -> producer node carrying the epilogue in a
-    ``ortcpu_epilogue`` attribute, run in place on its fresh output by the binding."""
+def _epilogues(nodes, consts, outputs, done, shapes=None):
+    """Producer + (constant bias Add | residual Add/Sum | Relu) -> producer node carrying
+    the epilogue in a ``ortcpu_epilogue`` attribute, run in place on its fresh output by
+    the binding. A residual (a computed value of the output's own static shape) must exist
+    before the producer runs: a graph input, a constant or an earlier node's output."""
     use = consumer_counts(nodes, outputs)
     prod = _producers(nodes)
+    position = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+    shapes = shapes or {}
     drop, replace = set(), {}
     for n in nodes:
-        if n.domain not in _ONNX or n.op_type not in ("Add", "Relu"):
+        if n.domain not in _ONNX or n.op_type not in ("Add", "Relu", "Sum"):
             continue
-        if n.op_type == "Add":
-            cand = [(i, 1 - k) for k, i in enumerate(n.input) if i in prod]
-            cand = [(i, n.input[j]) for i, j in cand if n.input[j] in consts]
+        if n.op_type in ("Add", "Sum"):
+            if len(n.input) != 2:
+                continue
+            cand = [(i, n.input[1 - k]) for k, i in enumerate(n.input) if i in prod]
+            cand = [(i, o) for i, o in cand if o in consts or
+                    _residual_fits(i, o, n, prod, position, shapes)]
             if not cand:
                 continue
             src, bias = cand[0]
@@ -183,9 +192,12 @@ def _epilogues(nodes, consts, outputs, done):
                 use.get(src) != 1 or id(p) in drop:
             continue
         p = replace.get(id(p), p)
-        if any(a.name == "ortcpu_epilogue" for a in p.attribute) and n.op_type == "Add":
+        if any(a.name == "ortcpu_epilogue" for a in p.attribute) and bias is not None:
             continue  # at most: bias, then relu
-        if bias is not None and not _bias_fits(p, consts[bias]):
+        if bias is not None and bias in consts and not _bias_fits(p, consts[bias]):
+            continue
+        if bias is not None and bias not in consts and prod.get(bias) is not None and \
+                position[bias] > position[src]:
             continue
         new = onnx.NodeProto()
         new.CopyFrom(p)
@@ -205,9 +217,21 @@ def _epilogues(nodes, consts, outputs, done):
             else id(prod[src])
         replace[orig] = new
         prod[n.output[0]] = new
+        position[n.output[0]] = position[src]
         drop.add(id(n))
-        done.append(f"{p.op_type}+{'Add(bias)' if bias is not None else 'Relu'} in place")
+        what = "Add(bias)" if bias in consts else f"{n.op_type}(residual)" if bias else "Relu"
+        done.append(f"{p.op_type}+{what} in place")
     return [replace.get(id(n), n) for n in nodes if id(n) not in drop]
+
+
+def _residual_fits(src, other, add, prod, position, shapes) -> bool:
+    """``other`` can be added in place into ``src``'s fresh output: both have the same
+    static shape (that of the Add's output) and ``other`` exists before ``src``'s
+    producer runs."""
+    s, o, y = shapes.get(src), shapes.get(other), shapes.get(add.output[0])
+    if s is None or s != o or s != y or any(not isinstance(d, int) for d in s):
+        return False
+    return other not in prod or position[other] < position[src]
 
 
 def _bias_fits(p, bias: torch.Tensor) -> bool:

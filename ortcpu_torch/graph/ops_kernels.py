@@ -17,6 +17,8 @@ import torch.nn.functional as F
 
 from .. import kernels
 from ..kernels.activations import softmax_forward
+from ..kernels.gemm import bmm, gemm
+from ..kernels.tensor import slice_plan
 from .op_table import MS_DOMAIN, ONNX_DOMAIN, lookup, op
 from .ops_torch import _wrap_indices, avg_pool_dilated
 
@@ -157,13 +159,42 @@ kernel_op("LogSoftmax")(_softmax(True))
 @kernel_op("MatMul")
 def _matmul(ctx):
     mm = kernels.get("MatMul")
+    dt = ctx.dtype(0)
+    if dt not in FLOATS or ctx.dtype(1) != dt:
+        return _float_or(mm, _int_matmul, ctx)
 
     def matmul(a, b):
-        # [..., M, K] @ [K, N]: one [(...·M), K] GEMM instead of one per batch entry
-        if b.dim() == 2 and a.dim() > 2 and a.is_contiguous():
-            return mm(a.reshape(-1, a.shape[-1]), b).reshape(*a.shape[:-1], b.shape[1])
+        # the registry kernel validated nothing beyond what these cases check themselves:
+        # 2-D B (weights): one [(...·M), K] GEMM; equal 3-D/4-D batches: one batched GEMM,
+        # a transposed operand read in place (BLAS transpose flag, no copy)
+        if b.dim() == 2 and a.dim() >= 2 and a.shape[-1] == b.shape[0]:
+            if not a.is_contiguous():
+                a = a.contiguous()
+            tb = not b.is_contiguous() and b.t().is_contiguous()
+            y = gemm(a.reshape(-1, a.shape[-1]), b.t() if tb else b.contiguous(),
+                     trans_b=tb, op="MatMul")
+            return y.reshape(*a.shape[:-1], b.shape[1])
+        if a.dim() == b.dim() >= 3 and a.shape[:-2] == b.shape[:-2] and \
+                a.shape[-1] == b.shape[-2] and a.numel() and b.numel():
+            ta, a3 = _as_batched(a)
+            tb, b3 = _as_batched(b)
+            if a3 is not None and b3 is not None:
+                y = bmm("MatMul", a3, b3, trans_a=ta, trans_b=tb)
+                return y.reshape(*a.shape[:-1], b.shape[-1])
         return mm(a, b)
-    return _float_or(matmul, _int_matmul, ctx)
+    return matmul
+
+
+def _as_batched(x):
+    """(transposed, [batch, rows, cols] contiguous tensor) that reads ``x`` [..., r, c]
+    without a copy: x itself, or the contiguous tensor x is a last-two-dims transpose of;
+    (False, None) when neither."""
+    if x.is_contiguous():
+        return False, x.reshape(-1, x.shape[-2], x.shape[-1])
+    xt = x.transpose(-1, -2)
+    if xt.is_contiguous():
+        return True, xt.reshape(-1, xt.shape[-2], xt.shape[-1])
+    return False, x.contiguous().reshape(-1, x.shape[-2], x.shape[-1])
 
 
 def _int_matmul(a, b):
@@ -177,11 +208,22 @@ def _gemm(ctx):
     kw = _kwargs(ctx, drop=("broadcast",))
     g = functools.partial(kernels.get("Gemm"), **kw)
     alpha, beta = kw.get("alpha", 1.0), kw.get("beta", 1.0)
-    ta, tb = kw.get("transA", 0), kw.get("transB", 0)
+    ta, tb = bool(kw.get("transA", 0)), bool(kw.get("transB", 0))
 
     def torch_gemm(a, b, c=None):
         y = alpha * ((a.t() if ta else a) @ (b.t() if tb else b))
         return y + beta * c if c is not None else y
+    dt = ctx.dtype(0)
+    if dt in FLOATS and ctx.dtype(1) == dt and (not ctx.has_input(2) or ctx.dtype(2) == dt):
+        # dtypes known at plan time: the GEMM core directly (the registry's argument checks
+        # cost more than a small GEMM); 2-D operands with matching inner dims checked here
+        def gemm_known(a, b, c=None):
+            if a.dim() != 2 or b.dim() != 2 or a.shape[0 if ta else 1] != b.shape[1 if tb else 0]:
+                return g(a, b, c)  # the registry kernel's error
+            return gemm(a if a.is_contiguous() else a.contiguous(),
+                        b if b.is_contiguous() else b.contiguous(), c, trans_a=ta,
+                        trans_b=tb, alpha=alpha, beta=beta)
+        return gemm_known
     return lambda a, b, c=None: g(a, b, c) if a.dtype in FLOATS else torch_gemm(a, b, c)
 
 
@@ -347,8 +389,31 @@ def _slice(ctx):
     s = kernels.get("Slice")
     if ctx.opset < 10:
         starts, ends, axes = ctx.attr("starts"), ctx.attr("ends"), ctx.attr("axes")
-        return lambda x: s(x, starts, ends, axes)
+        view = _static_slice(ctx, starts, ends, axes, None)
+        return view or (lambda x: s(x, starts, ends, axes))
+    params = [ctx.const(i) if ctx.has_input(i) else None for i in range(1, 5)]
+    if all(p is not None for p in params[:2]) and \
+            all(p is not None for i, p in enumerate(params) if ctx.has_input(i + 1)):
+        view = _static_slice(ctx, *[p.tolist() if p is not None else None for p in params])
+        if view is not None:
+            return view
     return s
+
+
+def _static_slice(ctx, starts, ends, axes, steps):
+    """With the data shape and every parameter known at plan time and positive steps: the
+    slice as a torch view (no copy; consumers that need contiguous data copy), else None."""
+    shape = ctx.input_shapes[0] if ctx.input_shapes else None
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        return None
+    try:
+        plan = slice_plan("Slice", list(shape), starts, ends, axes, steps)
+    except (TypeError, ValueError):
+        return None  # the kernel reports it at run time
+    if any(st < 1 for _, st, _ in plan):
+        return None
+    idx = tuple(slice(b, b + n * st, st) for b, st, n in plan)
+    return lambda x, *params: x[idx]
 
 
 @kernel_op("Split")
@@ -436,25 +501,24 @@ def _generic(name):
 
 
 def _pool_grad(name):
+    """MaxPoolGrad / AveragePoolGrad: the output (the forward input's) shape comes from the
+    graph's shapes (value_info, as ORT's gradient builder records it); N and C, when only
+    those are symbolic there, from dY at run time."""
     def factory(ctx):
         shape = ctx.output_shapes[0] if ctx.output_shapes else None
-        out = ctx.node.output[0]
-        if shape is not None and all(isinstance(d, int) for d in shape):
-            return bind_kernel(name, ctx, kw={**_kwargs(ctx), "output_shape": list(shape)})
-        fwd = out[: -len("_grad")] if out.endswith("_grad") else None
-        if fwd is None or fwd not in ctx.graph_values:
-            raise ctx.error("the shape of its output (the forward input's shape) must be "
-                            "known from the graph (value_info) to run this node")
-        # ORT's gradient builder names the gradient of value v "v_grad": take the shape
-        # from v itself at run time
-        ctx.extra_inputs.append(fwd)
-        f = kernels.get(name)
+        if shape is None or len(shape) < 3 or \
+                not all(isinstance(d, int) for d in shape[2:]):
+            raise ctx.error(f"the shape of output {ctx.node.output[0]!r} (the forward "
+                            "input's shape) must be known from the graph: give the model "
+                            "value_info for it")
         kw = _kwargs(ctx)
-        n_in = len(ctx.node.input)
+        if all(isinstance(d, int) for d in shape):
+            return bind_kernel(name, ctx, kw={**kw, "output_shape": list(shape)})
+        f = kernels.get(name)
+        spatial = list(shape[2:])
 
-        def pool_grad(*args):
-            *ins, ref = args
-            return f(*ins[:n_in], output_shape=list(ref.shape), **kw)
+        def pool_grad(dy, *rest):
+            return f(dy, *rest, output_shape=[*dy.shape[:2], *spatial], **kw)
         return pool_grad
     return factory
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import linecache
+import time
 from dataclasses import dataclass, field
 
 import onnx
@@ -51,6 +52,7 @@ class Plan:
     _fn: object = None
     _line_node: dict = field(default_factory=dict)
     _filename: str = ""
+    _globals: dict = field(default_factory=dict)
 
     def run(self, *feeds):
         try:
@@ -72,6 +74,28 @@ class Plan:
                 node = self._line_node.get(tb.tb_lineno)
             tb = tb.tb_next
         return node
+
+    def profile(self, *feeds, clock=time.perf_counter) -> tuple[tuple, list]:
+        """Run once with every bound call timed (a separate copy of the program, so the
+        plain ``run`` stays untimed): (outputs, [(node, seconds)] in program order).
+        ``clock``: e.g. ``time.thread_time`` for CPU time on a loaded machine."""
+        spent = [0.0] * len(self.bound)
+
+        def timed(k, fn):
+            def call(*args):
+                t0 = clock()
+                try:
+                    return fn(*args)
+                finally:
+                    spent[k] += clock() - t0
+            return call
+
+        glb = dict(self._globals)
+        for k, b in enumerate(self.bound):
+            glb[f"f{k}"] = timed(k, b.fn)
+        exec(compile(self.source, self._filename, "exec"), glb)  # noqa: S102
+        outs = glb["run"](*feeds)
+        return outs, [(b.node, t) for b, t in zip(self.bound, spent, strict=True)]
 
     def counts(self) -> dict[str, dict[str, int]]:
         """op type -> {"kernel": n, "torch": n} over the bound (not folded) nodes."""
@@ -128,7 +152,8 @@ def build_plan(graph: onnx.GraphProto, opsets: dict[str, int], constants: dict,
     live = _bind_all(nodes, opsets, consts, fed_names, shapes, types, outputs, folded)
     fusions: list[str] = []
     if fuse:
-        fused, fusions = apply_fusions([n for n, _, _ in live], consts, graph, opsets)
+        fused, fusions = apply_fusions([n for n, _, _ in live], consts, graph, opsets,
+                                       shapes)
         if fusions:
             live = _bind_all(fused, opsets, consts, fed_names, shapes, types, outputs, folded)
     return _emit(live, folded, fusions, consts, fed_names, outputs)
@@ -323,7 +348,8 @@ def _emit(live_nodes, folded, fusions, consts, fed_names, outputs) -> Plan:
     code = compile(source, filename, "exec")
     exec(code, glb)  # noqa: S102  (our own generated straight-line program)
     plan = Plan(list(fed_names), list(outputs), bound, folded, fusions, source,
-                glb["run"], line_node, filename)
+                glb["run"], line_node, filename, {k: v for k, v in glb.items()
+                                                  if k != "__builtins__"})
     # keep the generated source reachable for tracebacks and debugging
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     return plan

@@ -25,9 +25,12 @@ def _dims(type_proto) -> tuple | None:
 
 
 def infer_value_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple],
-                       input_types: dict[str, int]) -> tuple[dict[str, tuple], dict[str, int]]:
+                       input_types: dict[str, int], constant_inputs=frozenset()
+                       ) -> tuple[dict[str, tuple], dict[str, int]]:
     """(name -> shape tuple (ints, None for an unknown dim), name -> ONNX element type) of
-    every value onnx can infer."""
+    every value onnx can infer. ``constant_inputs``: graph inputs left to their
+    initializer in this signature (their small values propagate, e.g. the shape feeding a
+    ConstantOfShape weight in onnx's light models)."""
     g = model.graph
     light = onnx.GraphProto(name=g.name)
     light.node.extend(g.node)
@@ -41,11 +44,13 @@ def infer_value_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple],
             light.input.append(vi)
         fed.add(vi.name)
     for t in g.initializer:
-        if t.name in fed:
-            continue
         n = 1
         for d in t.dims:
             n *= d
+        if t.name in fed:
+            if t.name in constant_inputs and n <= _KEEP_INITIALIZER_ELEMS:
+                light.initializer.append(t)
+            continue
         if n <= _KEEP_INITIALIZER_ELEMS:
             light.initializer.append(t)
         else:
@@ -66,6 +71,14 @@ def infer_value_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple],
             out[vi.name] = d
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
             types[vi.name] = vi.type.tensor_type.elem_type
+    # the model's own value_info fills in what onnx cannot infer (ORT's training ops, e.g.
+    # the pool gradients, whose output shape the gradient builder records there)
+    for vi in g.value_info:
+        d = _dims(vi.type)
+        if d is not None and vi.name not in out:
+            out[vi.name] = d
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+            types.setdefault(vi.name, vi.type.tensor_type.elem_type)
     for t in model.graph.initializer:
         types.setdefault(t.name, t.data_type)
     out.update(input_shapes)

@@ -128,10 +128,11 @@ def Gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
     if C is not None:
         C = float_input(op, "C", C)
         same_dtype(op, "A", A, "C", C)
-        try:
-            torch.broadcast_shapes(C.shape, (m, n))
-        except RuntimeError:
-            raise ValueError(f"{op}: C {fmt_shape(C)} does not broadcast to [{m}, {n}]") from None
+        # (unidirectional broadcast; torch.broadcast_shapes costs more than a small GEMM)
+        rev = tuple(reversed(C.shape))
+        if C.dim() > 2 or any(c not in (1, t) for c, t in zip(rev, (n, m)[:len(rev)],
+                                                              strict=True)):
+            raise ValueError(f"{op}: C {fmt_shape(C)} does not broadcast to [{m}, {n}]")
     return gemm(A, B, C, trans_a=bool(transA), trans_b=bool(transB), alpha=alpha, beta=beta,
                 op=op)
 

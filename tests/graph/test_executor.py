@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+import torch.nn.functional as F
 from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper
@@ -176,6 +177,45 @@ def test_fusions_gelu_bias_relu_match_unfused():
     assert sorted(plan.fusions) == ["Erf subgraph -> Gelu x1", "MatMul+Add(bias) in place x1",
                                     "MatMul+Relu in place x1"]
     assert [b.node.op_type for b in plan.bound] == ["MatMul", "Gelu", "MatMul"]
+
+
+def test_residual_add_fuses_into_conv_only_when_computed_before():
+    """ResNet's skip connection: Conv -> Add(residual) -> Relu runs as one Conv node with an
+    in-place add+relu epilogue when the residual exists before the Conv; a residual
+    produced after it (node order) is left unfused."""
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((3, 3, 3, 3)).astype(np.float32)
+    inits = [("w", w), ("b", rng.standard_normal(3).astype(np.float32))]
+    x = torch.randn(2, 3, 6, 6)
+    before = [h.make_node("Relu", ["x"], ["r"]),
+              h.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+              h.make_node("Sum", ["c", "r"], ["s"]), h.make_node("Relu", ["s"], ["out"])]
+    after = [before[1], before[0], h.make_node("Add", ["r", "c"], ["s"]), before[3]]
+    for nodes, fused_ops in ((before, ["Relu", "Conv"]), (after, ["Conv", "Relu", "Add",
+                                                                   "Relu"])):
+        m = _model(nodes, [_vi("x", shape=[2, 3, 6, 6])], [_vi("out", shape=[2, 3, 6, 6])],
+                   inits)
+        ex = Executor(m)
+        out = ex.run({"x": x})["out"]
+        ref = torch.relu(F.conv2d(x, torch.from_numpy(w), torch.from_numpy(inits[1][1]),
+                                  padding=1) + torch.relu(x))
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        assert [b.node.op_type for b in ex.plan_for([x]).bound] == fused_ops
+
+
+def test_static_slice_is_a_view_and_matches_the_kernel():
+    nodes = [h.make_node("Slice", ["x", "st", "en", "ax", "sp"], ["y"]),
+             h.make_node("Slice", ["x", "st2", "en2"], ["z"])]
+    m = _model(nodes, [_vi("x", shape=[4, 10])], [_vi("y", shape=[2, 3]), _vi("z", shape=[0, 10])],
+               [("st", np.array([1, -9], np.int64)), ("en", np.array([100, 9], np.int64)),
+                ("ax", np.array([0, 1], np.int64)), ("sp", np.array([2, 3], np.int64)),
+                ("st2", np.array([3], np.int64)), ("en2", np.array([1], np.int64))])
+    x = torch.randn(4, 10)
+    y, z = Executor(m).run({"x": x}).values()
+    torch.testing.assert_close(y, x[1::2, 1:9:3])
+    assert y.data_ptr() != x.data_ptr() and y.untyped_storage().data_ptr() == \
+        x.untyped_storage().data_ptr()
+    assert z.shape == (0, 10)
 
 
 def test_elementwise_in_place_only_on_private_intermediates():

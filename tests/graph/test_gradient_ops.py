@@ -855,11 +855,9 @@ def test_pool_input_with_two_gradient_contributions_ort():
              ours=False)
 
 
-@pytest.mark.xfail(reason="executor (issue15) finds MaxPoolGrad's output shape from the "
-                          "name '<v>_grad' only, not from the graph's value_info; here the "
-                          "pool's contribution is 'x_grad_1' (summed into x_grad)",
-                   strict=False)
 def test_pool_input_with_two_gradient_contributions_ours():
+    """The pool's contribution is 'x_grad_1' (summed into x_grad): its shape comes from the
+    graph's value_info, not from a '<v>_grad' name."""
     x = rand(1, 2, 4, 4)
     run_case([N("MaxPool", ["x"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
               N("Tanh", ["x"], ["t"]), N("ReduceMean", ["t"], ["m"], axes=[2, 3]),
