@@ -29,7 +29,8 @@ def _generic(name, ctx):
 def _static(ctx, n: int):
     """The first ``n`` input shapes if all are fully static and inputs share one float
     dtype, else None."""
-    shapes = ctx.input_shapes[:n]
+    shapes = [s if s is not None or ctx.const(i) is None else tuple(ctx.const(i).shape)
+              for i, s in enumerate(ctx.input_shapes[:n])]
     if len(shapes) < n or any(s is None or not all(isinstance(d, int) for d in s)
                               for s in shapes):
         return None
