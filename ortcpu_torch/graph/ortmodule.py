@@ -30,6 +30,7 @@ from .capture import CapturedGraph, capture
 from .executor import Executor
 from .gradient import FORWARD_NODES_KEY, build_gradient_graph
 from .lowering import TORCH_TO_ONNX
+from .training_summary import SUMMARY_OUTPUT, SummaryLog, add_summary_nodes, is_summary_node
 
 _MAX_SIGNATURES = 16
 _SHAPE_FROM_FORWARD = {"AveragePoolGrad", "MaxPoolGrad"}
@@ -47,6 +48,7 @@ class _Split:
     grad_outputs: list[str]
     opsets: list
     value_info: list             # the training graph's, for shapes the backward reads
+    has_summary: bool = False    # the backward ends in training_summary's nodes
 
 
 def _split_training_graph(tg: onnx.ModelProto, seeds: list[str],
@@ -85,7 +87,7 @@ def _split_training_graph(tg: onnx.ModelProto, seeds: list[str],
                   backward_initializers=[t for n, t in inits.items() if n in bwd_reads],
                   backward_inputs=[i for i in g.input if i.name in set(bwd_reads)],
                   stash=stash, grad_outputs=grads, opsets=list(tg.opset_import),
-                  value_info=list(g.value_info))
+                  value_info=list(g.value_info), has_summary=SUMMARY_OUTPUT in produced_bwd)
 
 
 def _value_info_of(name: str, t: torch.Tensor) -> onnx.ValueInfoProto:
@@ -133,6 +135,8 @@ class _Entry:
     bwd_grads: list = field(default_factory=list)      # bwd output index or None per diff
     bwd_template: list = field(default_factory=list)   # the backward's defaults filled in
     diff_slots: list = field(default_factory=list)     # (dict, key) per trainable parameter
+    backward_logged: Executor | None = None            # backward + summary nodes
+    log: SummaryLog | None = None
 
     def diff_names(self) -> list[str]:
         """The differentiable graph inputs: user inputs needing a gradient, then params."""
@@ -171,14 +175,11 @@ class _Entry:
         s = self.split
         inputs = list(s.backward_inputs)
         inputs += [_value_info_of(n, v) for n, v in zip(s.stash, stash_values, strict=True)]
-        outputs = [helper.make_empty_tensor_value_info(n) for n in s.grad_outputs]
-        stash = set(s.stash)
-        graph = helper.make_graph(s.backward_nodes, "backward", inputs, outputs,
-                                  s.backward_initializers,
-                                  value_info=[v for v in s.value_info if v.name not in stash])
-        model = helper.make_model(graph, opset_imports=s.opsets)
-        model.ir_version = self.split.forward.ir_version
-        bwd = Executor(model, check=False)
+        bwd = self._backward_executor(inputs, [n for n in s.backward_nodes
+                                               if not is_summary_node(n)], s.grad_outputs)
+        if s.has_summary:  # the logged steps' variant: same inputs, the summary last
+            self.backward_logged = self._backward_executor(
+                inputs, s.backward_nodes, [*s.grad_outputs, SUMMARY_OUTPUT])
         fwd_pos = {n: k for k, n in enumerate(self.forward.input_names)}
         seed_of = {seed: i for i, out in enumerate(self.graph.user_outputs)
                    if (seed := self.seeds.get(out)) is not None}
@@ -201,6 +202,16 @@ class _Entry:
         self.bwd_grads = [out_index.get(f"{n}_grad") for n in self.diff_names()]
         self.bwd_template = [bwd.defaults.get(n) for n in bwd.input_names]
         self.backward = bwd
+
+    def _backward_executor(self, inputs, nodes, output_names) -> Executor:
+        s = self.split
+        stash = set(s.stash)
+        outputs = [helper.make_empty_tensor_value_info(n) for n in output_names]
+        graph = helper.make_graph(nodes, "backward", inputs, outputs, s.backward_initializers,
+                                  value_info=[v for v in s.value_info if v.name not in stash])
+        model = helper.make_model(graph, opset_imports=s.opsets)
+        model.ir_version = s.forward.ir_version
+        return Executor(model, check=False)
 
     def forward_values(self, module, user: list, masks_generator=None) -> list:
         """The forward executor's inputs except the differentiable ones (left None)."""
@@ -265,8 +276,27 @@ class _GraphFunction(torch.autograd.Function):
         for pos, i in entry.bwd_seeds:
             vals[pos] = grad_outputs[i].contiguous()  # materialized: zeros for unused outputs
         del ctx.saved
-        grads = entry.backward.plan_for(vals).run(*vals)
+        log = entry.log
+        if log is not None and entry.backward_logged is not None and log.due():
+            grads = entry.backward_logged.plan_for(vals).run(*vals)
+            log.write(grads[-1])
+        else:
+            grads = entry.backward.plan_for(vals).run(*vals)
         return (None, None, *(grads[k] if k is not None else None for k in entry.bwd_grads))
+
+
+def _scalar_loss(graph: CapturedGraph) -> str | None:
+    """The first user output if it is a float scalar (the loss), else None."""
+    if not graph.user_outputs:
+        return None
+    first = graph.user_outputs[0]
+    for o in graph.model.graph.output:
+        if o.name == first:
+            t = o.type.tensor_type
+            if t.elem_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE) and \
+                    t.HasField("shape") and len(t.shape.dim) == 0:
+                return first
+    return None
 
 
 class ORTModule(torch.nn.Module):
@@ -280,10 +310,16 @@ class ORTModule(torch.nn.Module):
       torch, warning once with the reason; ``"error"`` raises ``ortcpu_torch.FallbackError``.
     - ``save_onnx``: a directory; each captured forward graph and training graph is written
       there (``<signature>_forward.onnx``, ``<signature>_training.onnx``).
+    - ``log_dir``: a directory for TensorBoard event files. The training graph then ends in
+      SummaryScalar / SummaryHistogram nodes (``training_summary.py``) that every
+      ``log_every`` backward passes (the first, then every ``log_every``-th) write the loss
+      (the module's first output, if it is a float scalar), the global gradient norm
+      (``grad_norm``) and a histogram per parameter gradient (``gradients/<name>``).
     """
 
     def __init__(self, module: torch.nn.Module, *, fallback: str = "warn",
-                 save_onnx: str | os.PathLike | None = None):
+                 save_onnx: str | os.PathLike | None = None,
+                 log_dir: str | os.PathLike | None = None, log_every: int = 10):
         super().__init__()
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"ORTModule: module must be a torch.nn.Module, got "
@@ -293,6 +329,11 @@ class ORTModule(torch.nn.Module):
         self.module = module
         self.fallback = fallback
         self.save_onnx = os.fspath(save_onnx) if save_onnx is not None else None
+        if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
+            raise ValueError(f"ORTModule: log_every must be a positive int, got {log_every!r}")
+        self.log_dir = os.fspath(log_dir) if log_dir is not None else None
+        self.log_every = log_every
+        self._log: SummaryLog | None = None
         self._cache: dict = {}
         self._fallback_reason: str | None = None
         self.train(module.training)
@@ -309,6 +350,7 @@ class ORTModule(torch.nn.Module):
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_cache"] = {}  # executors are rebuilt on the next call
+        state["_log"] = None  # a copy opens its own event file
         return state
 
     # ---- running ---------------------------------------------------------------------
@@ -371,6 +413,11 @@ class ORTModule(torch.nn.Module):
             before = {i.name for i in graph.model.graph.input}
             seed_names = [i.name for i in tg.graph.input if i.name not in before]
             entry.seeds = dict(zip(float_outs, seed_names, strict=True))
+            if self.log_dir is not None:
+                entry.log = self._summary_log()
+                add_summary_nodes(tg, _scalar_loss(graph), {
+                    p: f"{p}_grad" for p in entry.trainable
+                    if f"{p}_grad" in {o.name for o in tg.graph.output}})
             forward_outputs = graph.user_outputs + list(graph.buffer_updates.values())
             entry.split = _split_training_graph(tg, seed_names, forward_outputs)
             entry.forward = Executor(entry.split.forward, check=False)
@@ -385,6 +432,11 @@ class ORTModule(torch.nn.Module):
                                 os.path.join(self.save_onnx, f"{tag}_training.onnx"))
         entry.bind(module)
         return entry
+
+    def _summary_log(self) -> SummaryLog:
+        if self._log is None:
+            self._log = SummaryLog(self.log_dir, self.log_every)
+        return self._log
 
     def _run(self, entry: _Entry, args, kwargs):
         module, g = self.module, entry.graph
