@@ -454,16 +454,40 @@ class ORTModule(torch.nn.Module):
             outs = list(_GraphFunction.apply(entry, vals, *tensors))
         return g.unflatten_outputs(outs)
 
-    def report(self) -> str:
-        """What ran graph-wide (per captured signature) and what fell back to torch."""
-        if self._fallback_reason is not None:
-            return f"{type(self.module).__name__}: eager torch ({self._fallback_reason})"
-        lines = []
+    def report_data(self) -> dict:
+        """What ran where, structured (``ortcpu_torch.report(model)`` prints it): the module
+        class, the fallback reason (None: graph-wide), and per captured signature its mode,
+        node counts, per op type the nodes on our kernels / on torch ops in the forward and
+        backward plans, the plan-time fusions, and whether summaries are logged."""
+        sigs = []
         for entry in self._cache.values():
             g = entry.graph
-            ops = sorted({n.op_type for n in g.model.graph.node})
-            mode = "train" if g.train else "eval"
-            grad = f", backward: {len(entry.split.backward_nodes)} nodes" if entry.split else ""
-            lines.append(f"{type(self.module).__name__} [{mode}]: graph-wide, forward "
-                         f"{len(g.model.graph.node)} nodes{grad}; ops: {', '.join(ops)}")
-        return "\n".join(lines) or f"{type(self.module).__name__}: not run yet"
+            parts = {}
+            for part, ex in (("forward", entry.forward), ("backward", entry.backward)):
+                plans = list(ex._plans.values()) if ex is not None else []
+                ops: dict[str, dict[str, int]] = {}
+                fusions: list[str] = []
+                for plan in plans[-1:]:  # the most recent plan of this signature
+                    ops = plan.counts()
+                    fusions = list(plan.fusions)
+                    parts[part] = {"nodes": len(plan.bound), "folded": len(plan.folded),
+                                   "ops": ops, "fusions": fusions}
+            sigs.append({
+                "mode": "train" if g.train else "eval",
+                "captured_nodes": len(g.model.graph.node),
+                "backward_nodes": len(entry.split.backward_nodes) if entry.split else 0,
+                "parameters_with_grad": len(entry.trainable),
+                "plans": parts,
+                "summaries": entry.log is not None and entry.backward_logged is not None,
+                "capture_s": dict(g.timings),
+            })
+        return {"module": f"{type(self.module).__module__}.{type(self.module).__qualname__}",
+                "fallback": self._fallback_reason, "fallback_policy": self.fallback,
+                "signatures": sigs}
+
+    def report(self) -> str:
+        """``ortcpu_torch.report(self, file=None).text``: what ran graph-wide (per captured
+        signature), what was fused and what fell back to torch."""
+        from ..wrap.report import report
+
+        return report(self, file=None).text
