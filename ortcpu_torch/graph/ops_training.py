@@ -1,5 +1,6 @@
 """Plan-time bindings of the training kernels a gradient graph runs on every step
-(BatchNormInternal, BatchNormalizationGrad, ConvGrad).
+(BatchNormInternal, BatchNormalizationGrad, ConvGrad), and the private ops of
+``training_fusions`` (MaxPool2x2Train, MaxPool2x2TrainGrad).
 
 When the planner knows the node's input shapes and float dtype, the arguments are checked
 once, here, when the plan is built (the same checks the registry kernel makes per call),
@@ -15,7 +16,9 @@ import torch
 
 from ..kernels import batchnorm as bn
 from ..kernels import conv as kconv
+from ..kernels import pool as kpool
 from .op_table import MS_DOMAIN, ONNX_DOMAIN, op
+from .training_fusions import DOMAIN as TRAINING_DOMAIN
 
 FLOATS = (torch.float32, torch.float64)
 
@@ -126,3 +129,37 @@ def _conv_grad(ctx):
                                   w.contiguous(), need, geom=geom)
         return out[:n_out]
     return run if n_out > 1 else (lambda *a: run(*a)[0])
+
+
+def _geom_2x2(x_shape):
+    return kpool.pool_geometry("MaxPool", tuple(x_shape), 2, kernel_shape=[2, 2],
+                               strides=[2, 2])
+
+
+@op("MaxPool2x2Train", domain=TRAINING_DOMAIN, kind="kernel")
+def _maxpool_2x2(ctx):
+    """(Y, 1-byte argmax code) of a 2x2 / stride-2 max pool (training_fusions.py)."""
+    shape = ctx.input_shapes[0] if ctx.input_shapes else None
+    fixed = _geom_2x2(shape) if shape is not None and all(isinstance(d, int)
+                                                          for d in shape) else None
+
+    def run(x):
+        x = kpool.float_input("MaxPool", "X", x).contiguous()
+        geom, out = fixed if fixed is not None else _geom_2x2(x.shape)
+        return kpool.maxpool2x2_forward("MaxPool", x, geom, out)
+    return run
+
+
+@op("MaxPool2x2TrainGrad", domain=TRAINING_DOMAIN, kind="kernel")
+def _maxpool_2x2_grad(ctx):
+    """dX of MaxPool2x2Train from dY and the code; X's shape is the ``x_shape`` attribute."""
+    x_shape = tuple(ctx.attr("x_shape"))
+    geom, out = _geom_2x2(x_shape)
+    y_shape = (x_shape[0], x_shape[1], *out)
+
+    def run(dy, code):
+        if tuple(dy.shape) != y_shape or tuple(code.shape) != y_shape:
+            raise ValueError(f"MaxPool2x2TrainGrad: dY and the code must have shape "
+                             f"{list(y_shape)}, got {list(dy.shape)} and {list(code.shape)}")
+        return kpool.maxpool2x2_backward("MaxPoolGrad", dy.contiguous(), code, x_shape, geom)
+    return run

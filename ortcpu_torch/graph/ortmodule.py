@@ -30,6 +30,7 @@ from .capture import CapturedGraph, capture
 from .executor import Executor
 from .gradient import FORWARD_NODES_KEY, build_gradient_graph
 from .lowering import TORCH_TO_ONNX
+from .training_fusions import fuse_training_graph
 from .training_summary import SUMMARY_OUTPUT, SummaryLog, add_summary_nodes, is_summary_node
 
 _MAX_SIGNATURES = 16
@@ -68,11 +69,15 @@ def _split_training_graph(tg: onnx.ModelProto, seeds: list[str],
     stash = [v for v in bwd_reads if v in produced_fwd]
     # pool gradients take their output shape from the forward value "<v>" of "<v>_grad"
     # when shape inference cannot see through the backward's com.microsoft ops
+    graph_inputs = {i.name for i in g.input}
+    shape_refs = set()
     for n in bwd_nodes:
         if n.op_type in _SHAPE_FROM_FORWARD and n.output[0].endswith("_grad"):
             v = n.output[0][: -len("_grad")]
             if v in produced_fwd and v not in stash:
                 stash.append(v)
+            elif v in graph_inputs:  # the pooled value is a graph input: feed it
+                shape_refs.add(v)
     fwd_reads = {i for n in fwd_nodes for i in n.input}
     outputs = [o for o in g.output if o.name in set(forward_outputs)]
     out_names = {o.name for o in outputs}
@@ -85,7 +90,7 @@ def _split_training_graph(tg: onnx.ModelProto, seeds: list[str],
     grads = [o.name for o in g.output if o.name.endswith("_grad") and o.name in produced_bwd]
     return _Split(forward=fwd, backward_nodes=bwd_nodes,
                   backward_initializers=[t for n, t in inits.items() if n in bwd_reads],
-                  backward_inputs=[i for i in g.input if i.name in set(bwd_reads)],
+                  backward_inputs=[i for i in g.input if i.name in set(bwd_reads) | shape_refs],
                   stash=stash, grad_outputs=grads, opsets=list(tg.opset_import),
                   value_info=list(g.value_info), has_summary=SUMMARY_OUTPUT in produced_bwd)
 
@@ -136,6 +141,7 @@ class _Entry:
     bwd_template: list = field(default_factory=list)   # the backward's defaults filled in
     diff_slots: list = field(default_factory=list)     # (dict, key) per trainable parameter
     backward_logged: Executor | None = None            # backward + summary nodes
+    training_fusions: list = field(default_factory=list)  # training_fusions.py's rewrites
     log: SummaryLog | None = None
 
     def diff_names(self) -> list[str]:
@@ -419,7 +425,8 @@ class ORTModule(torch.nn.Module):
                     p: f"{p}_grad" for p in entry.trainable
                     if f"{p}_grad" in {o.name for o in tg.graph.output}})
             forward_outputs = graph.user_outputs + list(graph.buffer_updates.values())
-            entry.split = _split_training_graph(tg, seed_names, forward_outputs)
+            run_tg, entry.training_fusions = fuse_training_graph(tg)
+            entry.split = _split_training_graph(run_tg, seed_names, forward_outputs)
             entry.forward = Executor(entry.split.forward, check=False)
             entry.training_model = tg
         else:
@@ -478,6 +485,7 @@ class ORTModule(torch.nn.Module):
                 "backward_nodes": len(entry.split.backward_nodes) if entry.split else 0,
                 "parameters_with_grad": len(entry.trainable),
                 "plans": parts,
+                "training_fusions": list(entry.training_fusions),
                 "summaries": entry.log is not None and entry.backward_logged is not None,
                 "capture_s": dict(g.timings),
             })

@@ -32,6 +32,18 @@ def _pool_grad(node, ins, known):
     return [known.get(out[: -len("_grad")]) if out.endswith("_grad") else None]
 
 
+def _maxpool_2x2(node, ins, known):
+    x = ins[0] if ins else None
+    return [(x[0], x[1], x[2] // 2, x[3] // 2) if x and len(x) == 4 else None, None]
+
+
+def _x_shape_attr(node, ins, known):
+    for a in node.attribute:
+        if a.name == "x_shape":
+            return [tuple(a.ints)]
+    return [None]
+
+
 _UNARY_GRADS = ("GeluGrad", "FastGeluGrad", "QuickGeluGrad", "BiasGeluGrad_dX", "ReluGrad",
                 "SigmoidGrad", "TanhGrad", "SoftmaxGrad", "SoftmaxGrad_13", "LogSoftmaxGrad",
                 "LogSoftmaxGrad_13", "DropoutGrad", "BiasFastGeluGrad_dX", "LeakyReluGrad")
@@ -49,6 +61,9 @@ RULES: dict[str, Callable] = {
     "ConvGrad": _conv_grad,
     "MaxPoolGrad": _pool_grad,
     "AveragePoolGrad": _pool_grad,
+    # training_fusions.py's private ops
+    "MaxPool2x2Train": _maxpool_2x2,
+    "MaxPool2x2TrainGrad": _x_shape_attr,
 }
 
 

@@ -243,6 +243,12 @@ def _ortmodule_report(om) -> Report:
                      f" nodes, backward {sig['backward_nodes']} nodes, "
                      f"{sig['parameters_with_grad']} parameters with gradients"
                      + ("; TensorBoard summaries on" if sig["summaries"] else ""))
+        if sig["training_fusions"]:
+            counts: dict[str, int] = {}
+            for f in sig["training_fusions"]:
+                counts[f] = counts.get(f, 0) + 1
+            lines.append("  training graph rewritten: " + "; ".join(
+                f"{f} x{n}" for f, n in counts.items()))
         for part, p in sig["plans"].items():
             kernel = {o: c for o, c in p["ops"].items() if c["kernel"]}
             on_torch = {o: c for o, c in p["ops"].items() if c["torch"]}

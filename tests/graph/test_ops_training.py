@@ -79,3 +79,42 @@ def test_noncontiguous_feed_and_bad_shape_reported_against_node():
         # shapes do not fit the fast path: the registry kernel, checked per call
         _run("BatchNormInternal", [x.contiguous(), torch.ones(2), *c[1:]], 5,
              {"training_mode": 1}, expect_fast=False)
+
+
+def test_maxpool_2x2_training_rewrite_matches_eager_with_ties_and_odd_sizes(tmp_path):
+    import copy
+
+    import onnx
+
+    import ortcpu_torch
+    from ortcpu_torch import ORTModule
+
+    class Pool(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(2, 3, 3)
+
+        def forward(self, x):
+            y = torch.nn.functional.max_pool2d(self.conv(x).clamp(-1, 1), 2)  # clamp: ties
+            z = torch.nn.functional.max_pool2d(x * 2, 2, padding=1)  # padded: not rewritten
+            return y.square().sum() + z.sum(), y
+
+    model = Pool()
+    ref = copy.deepcopy(model)
+    x = torch.randn(2, 2, 9, 8) * 3  # conv output 7x6: an odd height
+    xr = x.clone().requires_grad_()
+    x.requires_grad_()
+    om = ORTModule(model, fallback="error", save_onnx=tmp_path)
+    out, exp = om(x), ref(xr)
+    out[0].backward()
+    exp[0].backward()
+    torch.testing.assert_close(out[1], exp[1])
+    torch.testing.assert_close(x.grad, xr.grad)
+    torch.testing.assert_close(model.conv.weight.grad, ref.conv.weight.grad)
+    rep = ortcpu_torch.report(om, file=None)
+    assert "MaxPool2x2Train" in rep.text
+    assert rep.graph["signatures"][0]["training_fusions"] == [
+        "MaxPool 2x2 + MaxPoolGrad -> MaxPool2x2Train + MaxPool2x2TrainGrad"]
+    saved = onnx.load(str(next(tmp_path.glob("*_training.onnx"))))
+    assert {n.op_type for n in saved.graph.node} >= {"MaxPool", "MaxPoolGrad"}
+    assert not any(n.domain == "ortcpu_torch.training" for n in saved.graph.node)
