@@ -472,7 +472,7 @@ def main(argv=None) -> int:
               f"{', '.join(r['on_our_kernels']) or 'nothing'}")
         print(f"  on torch: {'; '.join(r['on_torch']) or 'nothing'}")
         print(f"  optimizer: {r['optimizer']}")
-        print(f"  ORTModule: {r['ortmodule_report'].splitlines()[0][:160]}")
+        print(f"  ORTModule: {r['ortmodule_report'].splitlines()[1][:160]}")
         for prow in r.get("profile_ours", []):
             print(f"    {prow['op']:<40} {prow['calls']:>5} calls {prow['self_ms']:>9.2f} ms "
                   f"{100 * prow['share']:>5.1f}%")

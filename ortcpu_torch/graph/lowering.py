@@ -298,6 +298,12 @@ SYM_OPS = {
     operator.add: "Add", operator.sub: "Sub", operator.mul: "Mul",
     operator.floordiv: "Div", operator.truediv: "Div",
 }
+# SymInt comparisons (they feed the runtime asserts export adds for data-dependent sizes,
+# which are skipped, so they are usually dead code)
+SYM_COMPARE = {
+    operator.ge: "GreaterOrEqual", operator.le: "LessOrEqual", operator.gt: "Greater",
+    operator.lt: "Less", operator.eq: "Equal",
+}
 
 
 def lower_call(ctx: Lowering, node) -> Any:
@@ -318,6 +324,10 @@ def lower_call(ctx: Lowering, node) -> Any:
     if target in SYM_OPS:
         a, b = node.args
         return ctx.op(SYM_OPS[target], [ctx.tensor(a, torch.int64), ctx.tensor(b, torch.int64)])
+    if target in SYM_COMPARE:
+        a, b = node.args
+        return ctx.op(SYM_COMPARE[target], [ctx.tensor(a, torch.int64),
+                                            ctx.tensor(b, torch.int64)])
     if target in SKIPPED_TARGETS:
         return None
     fn = LOWERINGS.get(target)

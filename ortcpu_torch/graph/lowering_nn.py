@@ -231,6 +231,27 @@ def _layer_norm(ctx, node, a):
     return y, mean, inv_std
 
 
+@lowers(aten.native_group_norm.default)
+def _group_norm(ctx, node, a):
+    """[N, C, *] viewed as [N, G, C/G·*], InstanceNormalization over the last axis (unit
+    scale, zero bias), back to x's shape, then the per-channel affine. Mean and rstd (the
+    ATen op's outputs 1, 2) are backward-only in torch and not produced."""
+    x = a["input"]
+    rank, g = ctx.rank(x), int(a["group"])
+    dt = ctx.dtype(x)
+    xv = ctx.v(x)
+    grouped = ctx.op("Reshape", [xv, ctx.ints([0, g, -1])])
+    y = ctx.op("InstanceNormalization", [grouped, _ones(ctx, [g], dt), _ones(ctx, [g], dt, 0.0)],
+               epsilon=float(a["eps"]))
+    y = ctx.op("Reshape", [y, ctx.op("Shape", [xv])])
+    per_channel = ctx.ints([-1] + [1] * (rank - 2))
+    if a["weight"] is not None:
+        y = ctx.op("Mul", [y, ctx.op("Reshape", [ctx.v(a["weight"]), per_channel])])
+    if a["bias"] is not None:
+        y = ctx.op("Add", [y, ctx.op("Reshape", [ctx.v(a["bias"]), per_channel])])
+    return y, None, None
+
+
 def _bn_affine(ctx, a, c, dt):
     w = ctx.v(a["weight"]) if a["weight"] is not None else _ones(ctx, [c], dt)
     b = ctx.v(a["bias"]) if a["bias"] is not None else _ones(ctx, [c], dt, 0.0)

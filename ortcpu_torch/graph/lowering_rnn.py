@@ -41,8 +41,10 @@ def _rnn(ctx, node, a, kind: str):
     layers, bidir = int(a["num_layers"]), bool(a["bidirectional"])
     dirs = 2 if bidir else 1
     per = 4 if a["has_biases"] else 2
+    if kind == "LSTM" and len(params) == layers * dirs * (per + 1):
+        return _lstm_projected(ctx, a, layers, dirs, per + 1)
     if len(params) != layers * dirs * per:
-        raise LoweringError(f"{kind} with projections (proj_size) is not supported")
+        raise LoweringError(f"{kind}: unexpected parameter list ({len(params)} tensors)")
     hidden = int(ctx.shape(params[1])[1])
     if int(ctx.shape(params[1])[0]) != gates * hidden:
         raise LoweringError(f"{kind} weight_hh has an unexpected shape")
@@ -91,6 +93,61 @@ def _rnn(ctx, node, a, kind: str):
     h_n = hs[0] if len(hs) == 1 else ctx.op("Concat", hs, axis=0)
     if kind == "GRU":
         return out, h_n
+    c_n = cs[0] if len(cs) == 1 else ctx.op("Concat", cs, axis=0)
+    return out, h_n, c_n
+
+
+def _lstm_projected(ctx, a, layers: int, dirs: int, per: int):
+    """LSTM with ``proj_size`` (h = W_hr·(o ⊙ tanh c), which ONNX LSTM has no form for),
+    unrolled over the (static) time steps in standard ops: one MatMul of the whole
+    sequence with W_ih, then per step the recurrent MatMul, the gates (torch's i, f, g, o
+    order, so no reorder) and the projection. Gradients flow through the standard rules."""
+    x, params = a["input"], list(a["params"])
+    seq = ctx.v(x)
+    if a["batch_first"]:
+        seq = ctx.op("Transpose", [seq], perm=[1, 0, 2])
+    t = (ctx.shape(x)[1] if a["batch_first"] else ctx.shape(x)[0])
+    b = (ctx.shape(x)[0] if a["batch_first"] else ctx.shape(x)[1])
+    if not isinstance(t, int):
+        raise LoweringError("LSTM with proj_size over a symbolic sequence length")
+    h0, c0 = ctx.v(a["hx"][0]), ctx.v(a["hx"][1])
+    hs, cs = [], []
+    for layer in range(layers):
+        ys = []
+        for d in range(dirs):
+            k = layer * dirs + d
+            p = params[k * per:(k + 1) * per]
+            w_ih, w_hh = (ctx.op("Transpose", [ctx.v(w)], perm=[1, 0]) for w in p[:2])
+            w_hr = ctx.op("Transpose", [ctx.v(p[-1])], perm=[1, 0])
+            xs = seq if d == 0 else _reverse_time(ctx, seq)
+            gates_x = ctx.op("MatMul", [xs, w_ih])  # [T, B, 4H]
+            if a["has_biases"]:
+                gates_x = ctx.op("Add", [gates_x, ctx.op("Add", [ctx.v(p[2]), ctx.v(p[3])])])
+            lo, hi, axis0 = ctx.ints([k]), ctx.ints([k + 1]), ctx.ints([0])
+            h = ctx.op("Squeeze", [ctx.op("Slice", [h0, lo, hi, axis0]), axis0])
+            c = ctx.op("Squeeze", [ctx.op("Slice", [c0, lo, hi, axis0]), axis0])
+            steps = []
+            for i in range(t):
+                g = ctx.op("Add", [ctx.op("Gather", [gates_x, ctx.const(i, torch.int64)],
+                                          axis=0), ctx.op("MatMul", [h, w_hh])])
+                gi, gf, gg, go = ctx.op("Split", [g], n_out=4, axis=-1)
+                c = ctx.op("Add", [ctx.op("Mul", [ctx.op("Sigmoid", [gf]), c]),
+                                   ctx.op("Mul", [ctx.op("Sigmoid", [gi]),
+                                                  ctx.op("Tanh", [gg])])])
+                h = ctx.op("MatMul", [ctx.op("Mul", [ctx.op("Sigmoid", [go]),
+                                                     ctx.op("Tanh", [c])]), w_hr])
+                steps.append(ctx.op("Unsqueeze", [h, axis0]))
+            y = steps[0] if len(steps) == 1 else ctx.op("Concat", steps, axis=0)
+            ys.append(y if d == 0 else _reverse_time(ctx, y))
+            hs.append(ctx.op("Unsqueeze", [h, axis0]))
+            cs.append(ctx.op("Unsqueeze", [c, axis0]))
+        seq = ys[0] if dirs == 1 else ctx.op("Concat", ys, axis=2)
+        if a["train"] and a["dropout"] > 0 and layer < layers - 1:
+            width = int(ctx.shape(params[per - 1])[0]) * dirs
+            mask = dropout_mask_input(ctx, (t, b, width), float(a["dropout"]), ctx.dtype(x))
+            seq = ctx.op("Mul", [seq, mask])
+    out = ctx.op("Transpose", [seq], perm=[1, 0, 2]) if a["batch_first"] else seq
+    h_n = hs[0] if len(hs) == 1 else ctx.op("Concat", hs, axis=0)
     c_n = cs[0] if len(cs) == 1 else ctx.op("Concat", cs, axis=0)
     return out, h_n, c_n
 

@@ -224,10 +224,32 @@ def _nonneg(ctx, idx, size):
     return ctx.op("Where", [neg, ctx.op("Add", [idx, size_v]), idx])
 
 
+def _bool_mask(ctx, x, indices):
+    """The mask of ``x[mask]`` (one boolean index over x's leading dims), else None."""
+    present = [t for t in indices if t is not None]
+    if len(present) != 1 or ctx.dtype(present[0]) != torch.bool:
+        return None
+    if indices[0] is None:
+        raise LoweringError("boolean-mask indexing after a full slice (x[:, mask]) is not "
+                            "supported")
+    mask = indices[0]
+    if list(ctx.shape(mask)) != list(ctx.shape(x))[:ctx.rank(mask)]:
+        raise LoweringError("boolean mask whose shape is not x's leading dims")
+    return mask
+
+
+def _mask_positions(ctx, mask):
+    """[nnz, mask rank] int64 positions of the True entries (row-major, as torch)."""
+    return ctx.op("Transpose", [ctx.op("NonZero", [ctx.v(mask)])], perm=[1, 0])
+
+
 @lowers(aten.index.Tensor)
 def _index(ctx, node, a):
     x = a["self"]
     indices = list(a["indices"])
+    mask = _bool_mask(ctx, x, indices)
+    if mask is not None:  # data-dependent length: NonZero + GatherND
+        return ctx.op("GatherND", [ctx.v(x), _mask_positions(ctx, mask)])
     first, idx = _index_parts(ctx, x, indices)
     if len(idx) == 1:
         return ctx.op("Gather", [ctx.v(x), idx[0]], axis=first)
@@ -245,9 +267,28 @@ def _index(ctx, node, a):
     return ctx.op("GatherND", [ctx.v(x), ctx.op("Concat", parts, axis=-1)])
 
 
+def _masked_put(ctx, x, mask, values, accumulate):
+    """``x[mask] = values`` (``+=`` with accumulate): a Where for a single value, else the
+    True positions' rows scattered (ScatterND)."""
+    dt = ctx.dtype(x)
+    vals = ctx.tensor(values, dt)
+    if not is_node(values) or ctx.rank(values) == 0:
+        extra = ctx.rank(x) - ctx.rank(mask)
+        m = ctx.v(mask)
+        if extra:
+            m = ctx.op("Reshape", [m, ctx.ints(list(ctx.shape(mask)) + [1] * extra)])
+        new = ctx.op("Add", [ctx.v(x), vals]) if accumulate else vals
+        return ctx.op("Where", [m, new, ctx.v(x)])
+    return ctx.op("ScatterND", [ctx.v(x), _mask_positions(ctx, mask), vals],
+                  reduction="add" if accumulate else None)
+
+
 @lowers(aten.index_put.default)
 def _index_put(ctx, node, a):
     x = a["self"]
+    mask = _bool_mask(ctx, x, list(a["indices"]))
+    if mask is not None:
+        return _masked_put(ctx, x, mask, a["values"], bool(a["accumulate"]))
     first, idx = _index_parts(ctx, x, list(a["indices"]))
     if len(idx) != 1:
         raise LoweringError("index_put with more than one index tensor is not supported")
@@ -377,6 +418,30 @@ def _cumsum(ctx, node, a):
     d = norm_dim(a["dim"], ctx.rank(x))
     dt = ctx.out_dtype()
     return ctx.op("CumSum", [ctx.tensor(x, dt), ctx.const(d, torch.int64)])
+
+
+@lowers(aten.cumprod.default)
+def _cumprod(ctx, node, a):
+    """ONNX has no CumProd: a log-depth scan (Hillis-Steele), y ·= y shifted by 1, 2, 4, ...
+    along ``dim`` with ones shifted in (Slice + Pad + Mul), exact with zeros and negative
+    values, and differentiable through the Mul / Slice / Pad gradients."""
+    x = a["self"]
+    r = ctx.rank(x)
+    d = norm_dim(a["dim"], r) if r else 0
+    dt = ctx.out_dtype()
+    y = ctx.tensor(x, dt)
+    n = ctx.shape(x)[d] if r else 1
+    if not isinstance(n, int):
+        raise LoweringError("cumprod along a dimension of symbolic size is not supported")
+    one = ctx.const(1, dt)
+    s = 1
+    while s < n:
+        head = ctx.op("Slice", [y, ctx.ints([0]), ctx.ints([n - s]), ctx.ints([d])])
+        pads = [0] * (2 * r)
+        pads[d] = s
+        y = ctx.op("Mul", [y, ctx.op("Pad", [head, ctx.ints(pads), one])])
+        s *= 2
+    return y
 
 
 @lowers(aten.repeat.default)

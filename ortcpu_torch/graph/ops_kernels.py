@@ -19,6 +19,7 @@ from .. import kernels
 from ..kernels.activations import softmax_forward
 from ..kernels.gemm import bmm, gemm
 from ..kernels.tensor import slice_plan
+from . import ops_training  # noqa: F401  (its bindings take precedence over the generic ones)
 from .op_table import MS_DOMAIN, ONNX_DOMAIN, lookup, op
 from .ops_torch import _wrap_indices, avg_pool_dilated
 

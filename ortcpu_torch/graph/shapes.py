@@ -10,9 +10,11 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
+from . import training_shapes
 from .loading import _checkable
 
 _KEEP_INITIALIZER_ELEMS = 256
+_MAX_ROUNDS = 16  # rounds of ONNX inference around training ops it has no schema for
 
 
 def _dims(type_proto) -> tuple | None:
@@ -59,18 +61,9 @@ def infer_value_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple],
                           ir_version=model.ir_version)
     m.functions.extend(model.functions)
     m = _checkable(m)  # ORT's default-domain training ops: skipped, not fatal
-    try:
-        inferred = onnx.shape_inference.infer_shapes(m, data_prop=True)
-    except Exception:  # inference is an optimisation here; the run checks shapes itself
+    out, types = _infer(m)
+    if out is None:  # inference is an optimisation here; the run checks shapes itself
         return dict(input_shapes), dict(input_types)
-    out, types = {}, {}
-    for vi in list(inferred.graph.value_info) + list(inferred.graph.output) + \
-            list(inferred.graph.input):
-        d = _dims(vi.type)
-        if d is not None:
-            out[vi.name] = d
-        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
-            types[vi.name] = vi.type.tensor_type.elem_type
     # the model's own value_info fills in what onnx cannot infer (ORT's training ops, e.g.
     # the pool gradients, whose output shape the gradient builder records there)
     for vi in g.value_info:
@@ -79,8 +72,49 @@ def infer_value_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple],
             out[vi.name] = d
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
             types.setdefault(vi.name, vi.type.tensor_type.elem_type)
+    # training ops ONNX has no schema for: their output shapes by rule, fed back as
+    # value_info so the next round of inference continues past them
+    ruled = [n for n in g.node if n.op_type in training_shapes.RULES and
+             (n.domain not in ("", "ai.onnx") or not onnx.defs.has(n.op_type))]
+    for _ in range(_MAX_ROUNDS if ruled else 0):
+        known = {**out, **input_shapes}
+        added = []
+        for n in ruled:
+            shapes = training_shapes.output_shapes(n, known)
+            for name, shape in zip(n.output, shapes or (), strict=False):
+                if name and shape is not None and name not in out and \
+                        all(isinstance(d, int) for d in shape):
+                    et = types.get(n.input[0]) if n.input else None
+                    if et:
+                        added.append(helper.make_tensor_value_info(name, et, list(shape)))
+                        out[name] = tuple(shape)
+        if not added:
+            break
+        m.graph.value_info.extend(added)
+        more, more_types = _infer(m)
+        if more is None:
+            break
+        out.update({k: v for k, v in more.items() if k not in out})
+        types.update({k: v for k, v in more_types.items() if k not in types})
     for t in model.graph.initializer:
         types.setdefault(t.name, t.data_type)
     out.update(input_shapes)
     types.update(input_types)
+    return out, types
+
+
+def _infer(m: onnx.ModelProto):
+    """(shapes, element types) of the values ONNX inference finds; (None, None) on error."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(m, data_prop=True)
+    except Exception:
+        return None, None
+    out, types = {}, {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.output) + \
+            list(inferred.graph.input):
+        d = _dims(vi.type)
+        if d is not None:
+            out[vi.name] = d
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+            types[vi.name] = vi.type.tensor_type.elem_type
     return out, types

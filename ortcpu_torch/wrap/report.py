@@ -63,6 +63,7 @@ class Report:
     selection: dict | None = None  # signature -> "ours" | "torch" (wrap(select=...))
     choices: dict | None = None  # signature -> {"side", "ours_ms", "torch_ms"}
     text: str = ""
+    graph: dict | None = None  # ORTModule: ``ORTModule.report_data()``
 
     def __str__(self) -> str:
         return self.text
@@ -119,6 +120,10 @@ def report(model, file="stdout", timing: bool = False) -> Report:
     ``timing=True``: also the forward and backward time on each side, measured since
     timing was turned on (``wrap(..., timing=True)``); if it was off, it is turned on now
     and the next report has the figures."""
+    from ..graph.ortmodule import ORTModule
+
+    if isinstance(model, ORTModule):
+        return _emit(_ortmodule_report(model), file)
     if isinstance(model, KernelMode):
         state = model.state
     else:
@@ -209,6 +214,48 @@ def report(model, file="stdout", timing: bool = False) -> Report:
                  avail, missing, state.optimizer, tim,
                  {k: c["side"] for k, c in state.choices.items()},
                  {k: dict(c) for k, c in state.choices.items()}, "\n".join(lines))
+    return _emit(rep, file)
+
+
+def _emit(rep: Report, file) -> Report:
     if file is not None:
         print(rep.text, file=sys.stdout if file == "stdout" else file)
     return rep
+
+
+def _op_line(ops: dict) -> str:
+    return ", ".join(f"{k} x{c['kernel'] + c['torch']}" for k, c in sorted(ops.items()))
+
+
+def _ortmodule_report(om) -> Report:
+    """The Report of an ORTModule (``ORTModule.report_data()`` as text)."""
+    data = om.report_data()
+    name = data["module"].rsplit(".", 1)[-1]
+    lines = [f"ortcpu_torch.ORTModule report ({name}, fallback={data['fallback_policy']!r})"]
+    skipped = []
+    if data["fallback"] is not None:
+        skipped.append({"name": "", "type": data["module"], "reason": data["fallback"]})
+        lines.append(f"fell back: {name} runs in eager torch: {data['fallback']}")
+    elif not data["signatures"]:
+        lines.append(f"{name}: not run yet (captured on the first call)")
+    for k, sig in enumerate(data["signatures"]):
+        lines.append(f"signature {k} [{sig['mode']}]: graph-wide, captured {sig['captured_nodes']}"
+                     f" nodes, backward {sig['backward_nodes']} nodes, "
+                     f"{sig['parameters_with_grad']} parameters with gradients"
+                     + ("; TensorBoard summaries on" if sig["summaries"] else ""))
+        if sig["training_fusions"]:
+            counts: dict[str, int] = {}
+            for f in sig["training_fusions"]:
+                counts[f] = counts.get(f, 0) + 1
+            lines.append("  training graph rewritten: " + "; ".join(
+                f"{f} x{n}" for f, n in counts.items()))
+        for part, p in sig["plans"].items():
+            kernel = {o: c for o, c in p["ops"].items() if c["kernel"]}
+            on_torch = {o: c for o, c in p["ops"].items() if c["torch"]}
+            lines.append(f"  {part}: {p['nodes']} nodes run ({p['folded']} folded at plan "
+                         f"time)")
+            lines.append(f"    on our kernels: {_op_line(kernel) or 'none'}")
+            lines.append(f"    on torch ops (ONNX long tail): {_op_line(on_torch) or 'none'}")
+            lines.append(f"    fused: {'; '.join(p['fusions']) or 'nothing'}")
+    return Report(data["fallback_policy"], [], skipped, {}, [], [], [], [], None,
+                  text="\n".join(lines), graph=data)

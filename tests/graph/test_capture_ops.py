@@ -341,3 +341,17 @@ def test_embedding_padding_idx_reads_a_gradient_free_copy():
     assert train.detached == {"weight.detached": "weight"}
     graph = capture(emb, (torch.tensor([0, 1]),), train=False)  # eval: one Gather
     assert [n.op_type for n in graph.model.graph.node] == ["Gather"]
+
+
+def test_group_norm_cumprod_and_boolean_masks_run_in_onnxruntime():
+    x = torch.randn(2, 6, 3, 4)
+    v = torch.randn(3, 5)
+
+    def fn(m, x, v):
+        z = v.clone()
+        z[v > 0.5] = -1.0
+        return [F.group_norm(x, 3, m.w, m.b, eps=1e-4), F.group_norm(x, 2),
+                torch.cumprod(v, 1), torch.cumprod(v, 0), v[v > 0], v[v[:, 0] > 0], z]
+
+    check_family(fn, (x, v), params={"w": torch.rand(6) + 0.5, "b": torch.randn(6)},
+                 ops=("InstanceNormalization", "NonZero", "GatherND", "Where"))

@@ -1,0 +1,165 @@
+"""Plan-time bindings of the training kernels a gradient graph runs on every step
+(BatchNormInternal, BatchNormalizationGrad, ConvGrad), and the private ops of
+``training_fusions`` (MaxPool2x2Train, MaxPool2x2TrainGrad).
+
+When the planner knows the node's input shapes and float dtype, the arguments are checked
+once, here, when the plan is built (the same checks the registry kernel makes per call),
+and a run calls the kernel's core directly: on digits-sized tensors the registry's per-call
+validation cost 40-90 us per node, as much as the arithmetic. Nodes whose shapes are not
+static, or whose arguments the fast path does not cover, get the registry kernel (checked
+per call) as before. Registered ahead of ``ops_kernels``' generic registry bindings.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..kernels import batchnorm as bn
+from ..kernels import conv as kconv
+from ..kernels import pool as kpool
+from .op_table import MS_DOMAIN, ONNX_DOMAIN, op
+from .training_fusions import DOMAIN as TRAINING_DOMAIN
+
+FLOATS = (torch.float32, torch.float64)
+
+
+def _generic(name, ctx):
+    from .ops_kernels import bind_kernel
+
+    return bind_kernel(name, ctx)
+
+
+def _static(ctx, n: int):
+    """The first ``n`` input shapes if all are fully static and inputs share one float
+    dtype, else None."""
+    shapes = [s if s is not None or ctx.const(i) is None else tuple(ctx.const(i).shape)
+              for i, s in enumerate(ctx.input_shapes[:n])]
+    if len(shapes) < n or any(s is None or not all(isinstance(d, int) for d in s)
+                              for s in shapes):
+        return None
+    dts = [ctx.dtype(i) for i in range(n)]
+    if dts[0] not in FLOATS or any(d != dts[0] for d in dts):
+        return None
+    return [tuple(s) for s in shapes]
+
+
+def _meta(shape, dtype):
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def _kernel_op(name):
+    """Register in com.microsoft and, as ORT also accepts its training ops there, in the
+    default domain."""
+    def deco(factory):
+        for domain in (MS_DOMAIN, ONNX_DOMAIN):
+            op(name, domain=domain, kind="kernel")(factory)
+        return factory
+    return deco
+
+
+@_kernel_op("BatchNormInternal")
+def _bn_internal(ctx):
+    shapes = _static(ctx, 5)
+    if shapes is None or not ctx.attr("training_mode", 1) or len(shapes[0]) < 2:
+        return _generic("BatchNormInternal", ctx)
+    c = shapes[0][1]
+    if any(s not in ((c,),) for s in shapes[1:5]):
+        return _generic("BatchNormInternal", ctx)
+    eps = float(ctx.attr("epsilon", 1e-5))
+    momentum = float(ctx.attr("momentum", 0.9))
+    if not eps >= 0:
+        return _generic("BatchNormInternal", ctx)
+    n_out = len(ctx.node.output)
+    used = list(ctx.outputs_used) + [False] * (5 - n_out)
+    want_running = used[1] or used[2]
+
+    def run(x, scale, b, mean, var):
+        y, bm, bv, inv = bn.bn_train_core("BatchNormInternal", x.contiguous(),
+                                          scale.contiguous(), b.contiguous(), eps)
+        rm = rv = None
+        if want_running:
+            rm, rv = bn._running(y, mean, var, bm, bv, momentum)
+        return (y, rm, rv, bm, inv)[:n_out]
+    return run if n_out > 1 else (lambda *a: run(*a)[0])
+
+
+@_kernel_op("BatchNormalizationGrad")
+def _bn_grad(ctx):
+    shapes = _static(ctx, 5)
+    if shapes is None or len(shapes[0]) < 2 or shapes[0] != shapes[1]:
+        return _generic("BatchNormalizationGrad", ctx)
+    c = shapes[1][1]
+    if any(s != (c,) for s in shapes[2:5]):
+        return _generic("BatchNormalizationGrad", ctx)
+    n_out = len(ctx.node.output)
+    used = list(ctx.outputs_used) + [False] * (3 - n_out)
+
+    def run(dy, x, scale, mean, inv_std):
+        out = bn.bn_backward_core("BatchNormalizationGrad", dy.contiguous(), x.contiguous(),
+                                  scale.contiguous(), mean.contiguous(), inv_std.contiguous(),
+                                  True, used[1], used[2])
+        return out[:n_out]
+    return run if n_out > 1 else (lambda *a: run(*a)[0])
+
+
+_CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+
+
+@_kernel_op("ConvGrad")
+def _conv_grad(ctx):
+    shapes = _static(ctx, 3)
+    if shapes is None:
+        return _generic("ConvGrad", ctx)
+    dt = ctx.dtype(0)
+    attrs = {k: v for k, v in ctx.attrs.items() if k in _CONV_ATTRS}
+    if len(attrs) != len(ctx.attrs):
+        return _generic("ConvGrad", ctx)
+    try:
+        geom, out_shape = kconv.conv_geometry("ConvGrad", _meta(shapes[1], dt),
+                                              _meta(shapes[2], dt), **attrs)
+    except (TypeError, ValueError):
+        return _generic("ConvGrad", ctx)  # reported per call, against the node
+    if tuple(out_shape) != shapes[0]:
+        return _generic("ConvGrad", ctx)
+    n_out = len(ctx.node.output)
+    need = tuple(list(ctx.outputs_used[:3]) + [False] * (3 - n_out))
+
+    def run(dy, x, w):
+        out = kconv.conv_backward("ConvGrad", dy.contiguous(), x.contiguous(),
+                                  w.contiguous(), need, geom=geom)
+        return out[:n_out]
+    return run if n_out > 1 else (lambda *a: run(*a)[0])
+
+
+def _geom_2x2(x_shape):
+    return kpool.pool_geometry("MaxPool", tuple(x_shape), 2, kernel_shape=[2, 2],
+                               strides=[2, 2])
+
+
+@op("MaxPool2x2Train", domain=TRAINING_DOMAIN, kind="kernel")
+def _maxpool_2x2(ctx):
+    """(Y, 1-byte argmax code) of a 2x2 / stride-2 max pool (training_fusions.py)."""
+    shape = ctx.input_shapes[0] if ctx.input_shapes else None
+    fixed = _geom_2x2(shape) if shape is not None and all(isinstance(d, int)
+                                                          for d in shape) else None
+
+    def run(x):
+        x = kpool.float_input("MaxPool", "X", x).contiguous()
+        geom, out = fixed if fixed is not None else _geom_2x2(x.shape)
+        return kpool.maxpool2x2_forward("MaxPool", x, geom, out)
+    return run
+
+
+@op("MaxPool2x2TrainGrad", domain=TRAINING_DOMAIN, kind="kernel")
+def _maxpool_2x2_grad(ctx):
+    """dX of MaxPool2x2Train from dY and the code; X's shape is the ``x_shape`` attribute."""
+    x_shape = tuple(ctx.attr("x_shape"))
+    geom, out = _geom_2x2(x_shape)
+    y_shape = (x_shape[0], x_shape[1], *out)
+
+    def run(dy, code):
+        if tuple(dy.shape) != y_shape or tuple(code.shape) != y_shape:
+            raise ValueError(f"MaxPool2x2TrainGrad: dY and the code must have shape "
+                             f"{list(y_shape)}, got {list(dy.shape)} and {list(code.shape)}")
+        return kpool.maxpool2x2_backward("MaxPoolGrad", dy.contiguous(), code, x_shape, geom)
+    return run

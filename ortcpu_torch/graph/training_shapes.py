@@ -1,0 +1,76 @@
+"""Output shapes of onnxruntime's training and com.microsoft ops, which ONNX shape
+inference has no schema for (``shapes.infer_value_shapes`` fills them in between rounds of
+ONNX inference, so the shapes downstream of a GeluGrad or BatchNormInternal are known when
+a plan is built and static-shape bindings apply).
+
+A rule maps the node's input shapes (``None`` where unknown) and the shapes known so far
+to one shape (or ``None``) per output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+Shape = tuple
+
+
+def _like(*which: int) -> Callable:
+    """Output k has the shape of input ``which[k]``."""
+    def rule(node, ins, known):
+        return [ins[i] if i < len(ins) else None for i in which]
+    return rule
+
+
+def _conv_grad(node, ins, known):
+    w = ins[2] if len(ins) > 2 else None
+    return [ins[1] if len(ins) > 1 else None, w, (w[0],) if w else None]
+
+
+def _pool_grad(node, ins, known):
+    # ORT's gradient builder names the gradient of value v "v_grad"; dX has v's shape
+    out = node.output[0]
+    return [known.get(out[: -len("_grad")]) if out.endswith("_grad") else None]
+
+
+def _maxpool_2x2(node, ins, known):
+    x = ins[0] if ins else None
+    return [(x[0], x[1], x[2] // 2, x[3] // 2) if x and len(x) == 4 else None, None]
+
+
+def _x_shape_attr(node, ins, known):
+    for a in node.attribute:
+        if a.name == "x_shape":
+            return [tuple(a.ints)]
+    return [None]
+
+
+_UNARY_GRADS = ("GeluGrad", "FastGeluGrad", "QuickGeluGrad", "BiasGeluGrad_dX", "ReluGrad",
+                "SigmoidGrad", "TanhGrad", "SoftmaxGrad", "SoftmaxGrad_13", "LogSoftmaxGrad",
+                "LogSoftmaxGrad_13", "DropoutGrad", "BiasFastGeluGrad_dX", "LeakyReluGrad")
+
+RULES: dict[str, Callable] = {
+    **{name: _like(0) for name in ("Gelu", "FastGelu", "QuickGelu", "BiasGelu")},
+    **{name: _like(0) for name in _UNARY_GRADS},
+    "BatchNormInternal": _like(0, 3, 4, 3, 4),
+    "BatchNormalizationGrad": _like(1, 2, 2),
+    "LayerNormalizationGrad": _like(1, 2, 2),
+    "InvertibleLayerNormalizationGrad": _like(1, 2, 2),
+    "SimplifiedLayerNormalizationGrad": _like(1, 2),
+    "SoftmaxCrossEntropyLossGrad": _like(1),
+    "SoftmaxCrossEntropyLossInternalGrad": _like(1),
+    "ConvGrad": _conv_grad,
+    "MaxPoolGrad": _pool_grad,
+    "AveragePoolGrad": _pool_grad,
+    # training_fusions.py's private ops
+    "MaxPool2x2Train": _maxpool_2x2,
+    "MaxPool2x2TrainGrad": _x_shape_attr,
+}
+
+
+def output_shapes(node, known: dict[str, Shape]) -> list | None:
+    """Shapes of ``node``'s outputs by its rule (None: no rule for this op)."""
+    rule = RULES.get(node.op_type)
+    if rule is None:
+        return None
+    ins = [known.get(i) if i else None for i in node.input]
+    return rule(node, ins, known)

@@ -1,0 +1,120 @@
+"""Plan-time training bindings (graph/ops_training.py): same results as the registry
+kernels (checked per call), float32 and float64, static and symbolic shapes, and a bad
+argument still reported against its node."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from onnx import TensorProto as TP
+from onnx import helper as h
+
+from ortcpu_torch import kernels
+from ortcpu_torch.graph import Executor, GraphRunError
+
+ONNX_TYPE = {torch.float32: TP.FLOAT, torch.float64: TP.DOUBLE}
+
+
+def _run(op_type, inputs, n_out, attrs, static=True, expect_fast=True):
+    dt = inputs[0].dtype
+    names = [f"i{k}" for k in range(len(inputs))]
+    outs = [f"o{k}" for k in range(n_out)]
+    node = h.make_node(op_type, names, outs, domain="com.microsoft", **attrs)
+    vis = [h.make_tensor_value_info(n, ONNX_TYPE[dt], list(t.shape) if static else
+                                    [f"d{n}_{j}" for j in range(t.dim())])
+           for n, t in zip(names, inputs, strict=True)]
+    graph = h.make_graph([node], "g", vis, [h.make_empty_tensor_value_info(o) for o in outs])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17),
+                                               h.make_opsetid("com.microsoft", 1)])
+    ex = Executor(model, check=False)
+    res = ex.run(dict(zip(names, inputs, strict=True)))
+    (plan,) = ex._plans.values()
+    fn = plan.bound[0].fn
+    fast = getattr(getattr(fn, "__code__", None), "co_filename", "").endswith("ops_training.py")
+    assert fast == expect_fast, f"plan-time binding used: {fast}"
+    return [res[o] for o in outs]
+
+
+CASES = {
+    "BatchNormInternal": (lambda dt: [torch.randn(4, 3, 5, 2, dtype=dt),
+                                      torch.rand(3, dtype=dt) + 0.5, torch.randn(3, dtype=dt),
+                                      torch.randn(3, dtype=dt), torch.rand(3, dtype=dt) + 1],
+                          5, {"epsilon": 2.0**-10, "momentum": 0.75, "training_mode": 1}),
+    "BatchNormalizationGrad": (lambda dt: [torch.randn(4, 3, 5, dtype=dt),
+                                           torch.randn(4, 3, 5, dtype=dt),
+                                           torch.rand(3, dtype=dt) + 0.5,
+                                           torch.randn(3, dtype=dt),
+                                           torch.rand(3, dtype=dt) + 0.5], 3, {}),
+    "ConvGrad": (lambda dt: [torch.randn(2, 4, 3, 4, dtype=dt), torch.randn(2, 2, 6, 8,
+                                                                            dtype=dt),
+                             torch.randn(4, 1, 3, 3, dtype=dt)], 3,
+                 {"pads": [1, 1, 1, 1], "strides": [2, 2], "group": 2,
+                  "kernel_shape": [3, 3], "dilations": [1, 1]}),
+}
+
+
+# symbolic dims in the model: the executor plans per input signature, so the shapes are
+# still known when the node is bound
+@pytest.mark.parametrize("static", [True, False], ids=["static", "symbolic"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("op_type", sorted(CASES))
+def test_binding_matches_registry_kernel(op_type, dtype, static):
+    make, n_out, attrs = CASES[op_type]
+    torch.manual_seed(0)
+    inputs = make(dtype)
+    got = _run(op_type, inputs, n_out, attrs, static)
+    exp = kernels.get(op_type)(*inputs, **attrs)
+    for g, e in zip(got, exp, strict=True):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
+
+
+def test_noncontiguous_feed_and_bad_shape_reported_against_node():
+    x = torch.randn(3, 4, 5, 2).transpose(0, 1)  # [4, 3, 5, 2], not contiguous
+    c = [torch.rand(3) + 0.5 for _ in range(4)]
+    got = _run("BatchNormInternal", [x, *c], 5, {"training_mode": 1})  # static shapes
+    exp = kernels.BatchNormInternal(x.contiguous(), *c, training_mode=1)
+    torch.testing.assert_close(got[0], exp[0], rtol=0, atol=0)
+    # a [C] input of the wrong length: the registry kernel's error, against the node
+    with pytest.raises(GraphRunError, match="BatchNormInternal.*scale"):
+        # shapes do not fit the fast path: the registry kernel, checked per call
+        _run("BatchNormInternal", [x.contiguous(), torch.ones(2), *c[1:]], 5,
+             {"training_mode": 1}, expect_fast=False)
+
+
+def test_maxpool_2x2_training_rewrite_matches_eager_with_ties_and_odd_sizes(tmp_path):
+    import copy
+
+    import onnx
+
+    import ortcpu_torch
+    from ortcpu_torch import ORTModule
+
+    class Pool(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(2, 3, 3)
+
+        def forward(self, x):
+            y = torch.nn.functional.max_pool2d(self.conv(x).clamp(-1, 1), 2)  # clamp: ties
+            z = torch.nn.functional.max_pool2d(x * 2, 2, padding=1)  # padded: not rewritten
+            return y.square().sum() + z.sum(), y
+
+    model = Pool()
+    ref = copy.deepcopy(model)
+    x = torch.randn(2, 2, 9, 8) * 3  # conv output 7x6: an odd height
+    xr = x.clone().requires_grad_()
+    x.requires_grad_()
+    om = ORTModule(model, fallback="error", save_onnx=tmp_path)
+    out, exp = om(x), ref(xr)
+    out[0].backward()
+    exp[0].backward()
+    torch.testing.assert_close(out[1], exp[1])
+    torch.testing.assert_close(x.grad, xr.grad)
+    torch.testing.assert_close(model.conv.weight.grad, ref.conv.weight.grad)
+    rep = ortcpu_torch.report(om, file=None)
+    assert "MaxPool2x2Train" in rep.text
+    assert rep.graph["signatures"][0]["training_fusions"] == [
+        "MaxPool 2x2 + MaxPoolGrad -> MaxPool2x2Train + MaxPool2x2TrainGrad"]
+    saved = onnx.load(str(next(tmp_path.glob("*_training.onnx"))))
+    assert {n.op_type for n in saved.graph.node} >= {"MaxPool", "MaxPoolGrad"}
+    assert not any(n.domain == "ortcpu_torch.training" for n in saved.graph.node)
