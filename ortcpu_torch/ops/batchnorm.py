@@ -32,9 +32,9 @@ class _BatchNorm(torch.autograd.Function):
                                                            alpha=momentum)
                 if running_var is not None:
                     m = n * s
-                    v = var * (m / (m - 1)) if unbiased else var
-                    running_var.mul_(1.0 - momentum).add_(v.to(running_var.dtype),
-                                                          alpha=momentum)
+                    # the unbiased correction folded into the scalar (no temporary)
+                    f = momentum * (m / (m - 1)) if unbiased else momentum
+                    running_var.mul_(1.0 - momentum).add_(var.to(running_var.dtype), alpha=f)
         else:
             if rm is None or rv is None:
                 raise ValueError(f"{op}: running_mean and running_var are required when "

@@ -116,9 +116,12 @@ def module_runner(module, forward, before=None):
     return run
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def _key(v):
-    if isinstance(v, torch.Tensor):
-        return (tuple(v.shape), v.dtype, v.requires_grad)
+    if type(v) in _PLAIN or isinstance(v, torch.Tensor):
+        return (v.shape, v.dtype, v.requires_grad)  # torch.Size hashes as a tuple
     if isinstance(v, (list, tuple)):
         return tuple(_key(x) for x in v)
     try:
@@ -128,16 +131,27 @@ def _key(v):
     return v
 
 
-def choose(state, name: str, extra, run_ours, run_torch, args, kwargs) -> str:
+def call_key(args, kwargs):
+    """A hashable key of a call's arguments for ``choose``: per tensor its shape, dtype and
+    whether it needs a gradient; other values themselves (their type name if unhashable).
+    The common call, tensors only and no keywords, takes one attribute tuple per tensor."""
+    if not kwargs:
+        return tuple([(a.shape, a.dtype, a.requires_grad) if type(a) in _PLAIN else _key(a)
+                      for a in args])
+    return tuple(_key(a) for a in args), tuple((k, _key(v)) for k, v in kwargs.items())
+
+
+def choose(state, name: str, extra, run_ours, run_torch, args, kwargs, key=None) -> str:
     """"ours" or "torch" for this call of ``name`` (``extra``: what else tells calls
-    apart, e.g. a module's configuration and training flag). The per-call cost is one
-    tuple key; the readable signature is built once per new key."""
-    fast = (name, extra, _key(args), _key(tuple(kwargs.items())))
+    apart, e.g. a module's configuration and training flag; ``key``: a caller's own
+    hashable key for the same, computed more cheaply). The per-call cost is one tuple key;
+    the readable signature is built once per new key."""
+    fast = (name, extra, call_key(args, kwargs)) if key is None else key
     side = state.sides.get(fast)
     if side is None:
-        key = signature(name, args, kwargs, f" {extra}" if extra else "")
-        c = state.choices.get(key)
+        sig = signature(name, args, kwargs, f" {extra}" if extra else "")
+        c = state.choices.get(sig)
         if c is None:
-            c = state.choices[key] = measure(run_ours, run_torch, args, kwargs)
+            c = state.choices[sig] = measure(run_ours, run_torch, args, kwargs)
         side = state.sides[fast] = c["side"]
     return side
