@@ -35,7 +35,8 @@ def empty(shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     numel = math.prod(shape)
     nbytes = numel * dtype.itemsize
     if nbytes < ARENA_MIN_BYTES:
-        return torch.empty(shape, dtype=dtype)
+        # sizes as separate ints: about half the cost of parsing one shape tuple (measured)
+        return torch.empty(*shape, dtype=dtype) if len(shape) else torch.empty((), dtype=dtype)
     np_dtype = _NP_DTYPES.get(dtype)
     if np_dtype is None:
         return torch.empty(shape, dtype=dtype)
