@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .policy import INFO_ATTR, context_reason, exc_reason, values_reason
+from .policy import INFO_ATTR, context_reason, exc_reason, module_call_reason
 from .select import call_key, choose, module_runner
 from .tables import MODULES, ModuleEntry
 from .timing import timed
@@ -48,10 +48,7 @@ def _wrapped_forward(self, *args, **kwargs):
     # the checks too run without the kernel mode: under it every tensor attribute read
     # is a Python __torch_function__ call
     with torch._C.DisableTorchFunction():
-        reason = context_reason() or values_reason(args) \
-            or (kwargs and values_reason(kwargs.values())) \
-            or values_reason(self._parameters.values()) \
-            or values_reason(self._buffers.values())
+        reason = context_reason() or module_call_reason(self, args, kwargs)
         if reason is None and state.select != "ours":
             key = (info.entry_name, info.config, self.training, call_key(args, kwargs))
             side = state.sides.get(key)
