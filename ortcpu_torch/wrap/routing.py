@@ -3,7 +3,9 @@
 left by an always-called forward hook) sends ``F.gelu``, ``torch.softmax``, ... to the
 ``ortcpu_torch.ops`` function of the same name (looked up lazily, so an entry activates as
 soon as its kernel family exists), and counts every other torch function by the module
-class whose ``forward`` called it, so ``report()`` can say what ran on torch.
+class whose ``forward`` called it, so ``report()`` can say what ran on torch (a swapped
+module that ``select`` runs on torch runs its forward without this mode: cheaper,
+and counted on the module itself).
 Standalone: ``with ortcpu_torch.kernels_enabled():``."""
 
 from __future__ import annotations
