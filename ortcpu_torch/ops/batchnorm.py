@@ -53,18 +53,12 @@ class _BatchNorm(torch.autograd.Function):
 
 def _update_running(running, batch, momentum: float) -> None:
     """``running = (1 - momentum)·running + momentum·batch`` in place, for each running
-    statistic that is not None (forward of an autograd.Function: grad mode is off). Both
-    in one foreach pair of ops when the dtypes agree."""
-    pairs = [(r, b) for r, b in zip(running, batch, strict=True) if r is not None]
-    if not pairs:
-        return
-    if all(r.dtype is b.dtype for r, b in pairs):
-        rs = [r for r, _ in pairs]
-        torch._foreach_mul_(rs, 1.0 - momentum)
-        torch._foreach_add_(rs, [b for _, b in pairs], alpha=momentum)
-        return
-    for r, b in pairs:
-        r.mul_(1.0 - momentum).add_(b.to(r.dtype), alpha=momentum)
+    statistic that is not None (forward of an autograd.Function: grad mode is off). Two
+    plain in-place ops per statistic: torch's ``_foreach_`` pair measured slower on [C]."""
+    for r, b in zip(running, batch, strict=True):
+        if r is not None:
+            r.mul_(1.0 - momentum).add_(b if b.dtype is r.dtype else b.to(r.dtype),
+                                        alpha=momentum)
 
 
 def batch_norm(input: torch.Tensor, running_mean: torch.Tensor | None,
