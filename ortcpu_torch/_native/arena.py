@@ -34,8 +34,11 @@ def empty(shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """An uninitialised contiguous CPU tensor, arena-backed when large."""
     numel = math.prod(shape)
     nbytes = numel * dtype.itemsize
+    if nbytes < ARENA_MIN_BYTES:
+        # sizes as separate ints: about half the cost of parsing one shape tuple (measured)
+        return torch.empty(*shape, dtype=dtype) if len(shape) else torch.empty((), dtype=dtype)
     np_dtype = _NP_DTYPES.get(dtype)
-    if nbytes < ARENA_MIN_BYTES or np_dtype is None:
+    if np_dtype is None:
         return torch.empty(shape, dtype=dtype)
     shape = tuple(int(s) for s in shape)
     raw = lib.ortcpu_arena_alloc(nbytes)

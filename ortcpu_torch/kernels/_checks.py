@@ -24,6 +24,8 @@ __all__ = [
     "check_status",
     "get_num_threads",
     "select_outputs",
+    "checked_signature",
+    "SignatureCache",
 ]
 
 
@@ -74,6 +76,18 @@ def cpu_tensor(op: str, name: str, t) -> torch.Tensor:
         raise TypeError(f"{op}: {name} must be a CPU tensor, got device {t.device}")
     if t.layout != torch.strided:
         raise TypeError(f"{op}: {name} must be a dense (strided) tensor, got {t.layout}")
+    return t
+
+
+def float_check(op: str, name: str, t, dtypes=FLOATS, min_rank: int = 0) -> torch.Tensor:
+    """``t`` itself if it is a CPU tensor of one of ``dtypes`` with rank >= ``min_rank``
+    (any strides), else a clear error."""
+    t = cpu_tensor(op, name, t)
+    if t.dtype not in dtypes:
+        allowed = " or ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{op}: {name} must be {allowed}, got {str(t.dtype).replace('torch.', '')}")
+    if t.dim() < min_rank:
+        raise ValueError(f"{op}: {name} must have rank >= {min_rank}, got shape {fmt_shape(t)}")
     return t
 
 
@@ -138,3 +152,47 @@ def select_outputs(op: str, outputs: tuple, needs) -> tuple:
         return outputs
     flags = needs_flags(op, needs, len(outputs))
     return tuple(o if n else None for o, n in zip(outputs, flags, strict=True))
+
+
+# ---- checking a signature once ------------------------------------------------------------
+
+_SCALARS = frozenset((int, float, bool, str, type(None)))
+
+
+def checked_signature(*args):
+    """A hashable key of everything an op's argument checks look at: per tensor its type,
+    device kind, layout, dtype and shape; per scalar (int, float, bool, str, None) its type
+    and value. ``None`` when an argument is anything else (its checks then run on every
+    call). Strides are not in it: the ops make inputs contiguous on every call. A tensor
+    resized in place has a new shape, hence a new key, and is checked again."""
+    key = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            key.append((type(a), a.is_cpu, a.layout, a.dtype, a.shape))
+        elif type(a) in _SCALARS:
+            key.append((type(a), a))
+        else:
+            return None
+    return tuple(key)
+
+
+class SignatureCache:
+    """The ``checked_signature`` keys whose checks one op has passed: the per-call argument
+    checks of the front ends run once per new signature (the per-call cost of the checks
+    is what small tensors pay most for). Bounded: cleared when ``limit`` keys are held."""
+
+    __slots__ = ("_seen", "limit")
+
+    def __init__(self, limit: int = 4096):
+        self._seen: set = set()
+        self.limit = limit
+
+    def __contains__(self, key) -> bool:
+        return key is not None and key in self._seen
+
+    def add(self, key) -> None:
+        if key is None:
+            return
+        if len(self._seen) >= self.limit:
+            self._seen.clear()
+        self._seen.add(key)

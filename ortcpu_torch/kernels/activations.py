@@ -57,6 +57,12 @@ def gelu_forward(op: str, x, bias=None, approximate: int = 0,
     argument names for x and bias, used in error messages."""
     x = float_input(op, names[0], x)
     bias = _bias_input(op, x, bias, names[1], names[0])
+    return gelu_forward_core(op, x, bias, approximate)
+
+
+def gelu_forward_core(op: str, x: torch.Tensor, bias, approximate: int) -> torch.Tensor:
+    """gelu_forward on checked arguments: ``x`` contiguous float, ``bias`` None or
+    contiguous 1-D of x.shape[-1] elements and x's dtype."""
     y = empty_like(x)
     rows, cols = _rows_cols(x)
     st = native_fn("gelu_forward", x.dtype)(
@@ -74,6 +80,13 @@ def gelu_backward(op: str, dy, x, bias=None, approximate: int = 0, need_dbias: b
     same_dtype(op, "dY", dy, "X", x)
     same_shape(op, "dY", dy, "X", x)
     bias = _bias_input(op, x, bias)
+    return gelu_backward_core(op, dy, x, bias, approximate, need_dbias)
+
+
+def gelu_backward_core(op: str, dy: torch.Tensor, x: torch.Tensor, bias, approximate: int,
+                       need_dbias: bool):
+    """gelu_backward on checked arguments: ``dy`` and ``x`` contiguous, same shape and
+    dtype; ``bias`` as in ``gelu_forward_core``."""
     dx = empty_like(x)
     rows, cols = _rows_cols(x)
     dbias = torch.empty(cols, dtype=x.dtype) if (need_dbias and bias is not None) else None

@@ -41,6 +41,8 @@ def channel_vec(op: str, name: str, t, x: torch.Tensor, c: int, x_name: str = "X
     if t.numel() != c or t.dim() > 1:
         raise ValueError(f"{op}: {name} must have shape ({c},) (C of {x_name} "
                          f"{fmt_shape(x)}), got {fmt_shape(t)}")
+    if t.dtype is x.dtype and t.dim() == 1:
+        return t  # already [C], contiguous, of x's dtype (the common case: no new views)
     return t.to(x.dtype).contiguous().view(c)
 
 

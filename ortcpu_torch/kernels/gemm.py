@@ -94,7 +94,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *,
     y = empty((m, n), a.dtype)
     beta = float(beta) if c is not None else 0.0
     if beta != 0:
-        y.copy_(c.expand(m, n))
+        y.copy_(c)  # broadcast to [m, n]
     if m == 0 or n == 0:
         return y
     if k == 0:

@@ -493,11 +493,13 @@ def ConcatTraining(*inputs, axis: int, needs=None):
 # ---- ReduceSumTraining ---------------------------------------------------------------------
 
 
-def sum_axis(t: torch.Tensor, axis: int, op: str = "ReduceSumTraining") -> torch.Tensor:
-    """Sum of a contiguous float tensor over one (non-negative) axis, kept as size 1;
-    float32 accumulates in double. Not a registry op: also the bias gradient of Linear."""
+def sum_axis(t: torch.Tensor, axis: int, op: str = "ReduceSumTraining",
+             keepdim: bool = True) -> torch.Tensor:
+    """Sum of a contiguous float tensor over one (non-negative) axis, kept as size 1
+    unless ``keepdim`` is False; float32 accumulates in double. Not a registry op: also the
+    bias gradient of Linear."""
     shp = list(t.shape)
-    y = empty(shp[:axis] + [1] + shp[axis + 1:], t.dtype)
+    y = empty(shp[:axis] + [1] * keepdim + shp[axis + 1:], t.dtype)
     ctype = "float *" if t.dtype == torch.float32 else "double *"
     st = native_fn("sum_axis", t.dtype)(
         ffi.cast(ctype, t.data_ptr()), ffi.cast(ctype, y.data_ptr()), _prod(shp[:axis]),

@@ -11,7 +11,7 @@ import functools
 import torch
 
 from ..kernels import activations as K
-from ..kernels._checks import bool_arg
+from ..kernels._checks import SignatureCache, bool_arg, checked_signature, float_check
 
 
 def once_differentiable(backward):
@@ -23,10 +23,10 @@ def once_differentiable(backward):
 
     @functools.wraps(backward)
     def wrapper(ctx, *grads):
+        if not torch.is_grad_enabled():  # the usual backward (no create_graph): as is
+            return backward(ctx, *grads)
         with torch.no_grad():
             outputs = backward(ctx, *grads)
-        if not torch.is_grad_enabled():
-            return outputs
         err = torch._C._functions.DelayedError(
             b"ortcpu_torch.ops: double backward is not supported (the backward is an ONNX "
             b"Runtime gradient kernel, differentiable once)",
@@ -57,10 +57,14 @@ def _approximate(op: str, approximate: str) -> int:
 
 
 class _Gelu(torch.autograd.Function):
+    """gelu(x + bias) on arguments ``_gelu`` checked."""
+
     @staticmethod
     def forward(ctx, x, bias, approximate: int, op: str):
-        x = K.float_input(op, "input", x)
-        y = K.gelu_forward(op, x, bias, approximate, names=("input", "bias"))
+        x = x.contiguous()
+        if bias is not None:
+            bias = bias.contiguous()
+        y = K.gelu_forward_core(op, x, bias, approximate)
         ctx.save_for_backward(x, bias)
         ctx.approximate, ctx.op = approximate, op
         return y
@@ -69,20 +73,37 @@ class _Gelu(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy):
         x, bias = ctx.saved_tensors
+        dy = dy.contiguous()
+        K.same_dtype(ctx.op, "input", x, "grad_output", dy)
+        K.same_shape(ctx.op, "input", x, "grad_output", dy)
         need_dbias = bias is not None and ctx.needs_input_grad[1]
-        dx, dbias = K.gelu_backward(ctx.op, dy, x, bias, ctx.approximate, need_dbias)
+        dx, dbias = K.gelu_backward_core(ctx.op, dy, x, bias, ctx.approximate, need_dbias)
         return dx, dbias, None, None
+
+
+_GELU_CHECKED = SignatureCache()
+
+
+def _gelu(op: str, input, bias, approximate) -> torch.Tensor:
+    key = checked_signature(op, input, bias, approximate)
+    if key not in _GELU_CHECKED:
+        _approximate(op, approximate)
+        x = float_check(op, "input", input)
+        if bias is not None:
+            K._bias_input(op, x, bias, "bias", "input")
+        _GELU_CHECKED.add(key)
+    return _Gelu.apply(input, bias, _APPROX[approximate], op)
 
 
 def gelu(input: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """GELU like ``torch.nn.functional.gelu``; backward is ORT's GeluGrad / FastGeluGrad."""
-    return _Gelu.apply(input, None, _approximate("gelu", approximate), "gelu")
+    return _gelu("gelu", input, None, approximate)
 
 
 def bias_gelu(input: torch.Tensor, bias: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """``gelu(input + bias)`` fused (ORT BiasGelu / FastGelu with bias); ``bias`` is 1-D along
     the last axis. Backward computes d(input) and d(bias) in one pass."""
-    return _Gelu.apply(input, bias, _approximate("bias_gelu", approximate), "bias_gelu")
+    return _gelu("bias_gelu", input, bias, approximate)
 
 
 class _Pointwise(torch.autograd.Function):

@@ -26,15 +26,10 @@ class _BatchNorm(torch.autograd.Function):
                 raise ValueError(f"{op}: expected more than 1 value per channel when "
                                  f"training, got input size {list(x.shape)}")
             y, mean, var, inv = K.bn_train_core(op, x, scale, shift, eps)
-            with torch.no_grad():
-                if running_mean is not None:
-                    running_mean.mul_(1.0 - momentum).add_(mean.to(running_mean.dtype),
-                                                           alpha=momentum)
-                if running_var is not None:
-                    m = n * s
-                    v = var * (m / (m - 1)) if unbiased else var
-                    running_var.mul_(1.0 - momentum).add_(v.to(running_var.dtype),
-                                                          alpha=momentum)
+            if unbiased and running_var is not None:
+                m = n * s
+                var.mul_(m / (m - 1))  # var is this call's own buffer, used only here
+            _update_running((running_mean, running_var), (mean, var), momentum)
         else:
             if rm is None or rv is None:
                 raise ValueError(f"{op}: running_mean and running_var are required when "
@@ -54,6 +49,16 @@ class _BatchNorm(torch.autograd.Function):
         dx, dw, db = K.bn_backward_core("batch_norm", dy.contiguous(), x, scale, mean, inv,
                                         ctx.training, need_w, need_b)
         return dx, dw, db, None, None, None, None, None, None
+
+
+def _update_running(running, batch, momentum: float) -> None:
+    """``running = (1 - momentum)·running + momentum·batch`` in place, for each running
+    statistic that is not None (forward of an autograd.Function: grad mode is off). Two
+    plain in-place ops per statistic: torch's ``_foreach_`` pair measured slower on [C]."""
+    for r, b in zip(running, batch, strict=True):
+        if r is not None:
+            r.mul_(1.0 - momentum).add_(b if b.dtype is r.dtype else b.to(r.dtype),
+                                        alpha=momentum)
 
 
 def batch_norm(input: torch.Tensor, running_mean: torch.Tensor | None,

@@ -17,27 +17,33 @@ import torch
 from .._native.arena import reshaped
 from ..kernels import gemm as KG
 from ..kernels import tensor as KT
-from ..kernels._checks import bool_arg, float_attr, float_input, same_dtype
+from ..kernels._checks import (
+    SignatureCache,
+    bool_arg,
+    checked_signature,
+    float_attr,
+    float_check,
+    same_dtype,
+)
 from .activations import once_differentiable
 
 
 class _Linear(torch.autograd.Function):
     """``Y = X·Wᵀ + b`` (``w_in_out=False``: W is [out, in], torch.nn.Linear) or
-    ``Y = X·W + b`` (``w_in_out=True``: W is [in, out], ``torch.addmm`` / HF Conv1D)."""
+    ``Y = X·W + b`` (``w_in_out=True``: W is [in, out], ``torch.addmm`` / HF Conv1D).
+    The arguments were checked by the caller (``_check_operands`` and the shape checks)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, w_in_out: bool = False, op: str = "linear"):
-        x2 = float_input(op, "input", x.reshape(x.shape[:-1].numel(), x.shape[-1]))
-        w = float_input(op, "weight", weight)
-        same_dtype(op, "input", x2, "weight", w)
+        x2 = (x if x.dim() == 2 else x.reshape(x.shape[:-1].numel(), x.shape[-1])).contiguous()
+        w = weight.contiguous()
         if bias is not None:
-            bias = float_input(op, "bias", bias)
-            same_dtype(op, "input", x2, "bias", bias)
+            bias = bias.contiguous()
         y = KG.gemm(x2, w, bias, trans_b=not w_in_out, op=op)
         ctx.save_for_backward(x2, w)
         ctx.x_shape, ctx.has_bias, ctx.w_in_out, ctx.op = x.shape, bias is not None, \
             w_in_out, op
-        return reshaped(y, (*x.shape[:-1], y.shape[1]))
+        return y if x.dim() == 2 else reshaped(y, (*x.shape[:-1], y.shape[1]))
 
     @staticmethod
     @once_differentiable
@@ -45,22 +51,51 @@ class _Linear(torch.autograd.Function):
         x2, weight = ctx.saved_tensors
         op, t = ctx.op, ctx.w_in_out
         n_out = weight.shape[1] if t else weight.shape[0]
-        dy2 = dy.reshape(x2.shape[0], n_out).contiguous()  # once, for both GEMMs
+        same_dtype(op, "output", x2, "grad_output", dy)
+        # once, for both GEMMs
+        dy2 = (dy if dy.dim() == 2 else dy.reshape(x2.shape[0], n_out)).contiguous()
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            dx = KG.gemm(dy2, weight, trans_b=t, op=op).view(ctx.x_shape)
+            dx = KG.gemm(dy2, weight, trans_b=t, op=op)
+            if len(ctx.x_shape) != 2:
+                dx = dx.view(ctx.x_shape)
         if ctx.needs_input_grad[1]:
             dw = KG.gemm(x2, dy2, trans_a=True, op=op) if t else \
                 KG.gemm(dy2, x2, trans_a=True, op=op)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = KT.sum_axis(dy2, 0, op).view(n_out)
+            db = KT.sum_axis(dy2, 0, op, keepdim=False)
         return dx, dw, db, None, None
+
+
+def _check_operands(op: str, names: tuple, tensors: tuple) -> None:
+    """Dense CPU float tensors of one dtype (``None`` allowed for the last), or a
+    TypeError naming the argument."""
+    first = None
+    for name, t in zip(names, tensors, strict=True):
+        if t is None and name == names[-1]:
+            continue
+        float_check(op, name, t)
+        if first is None:
+            first = (name, t)
+        else:
+            same_dtype(op, first[0], first[1], name, t)
+
+
+_LINEAR_CHECKED = SignatureCache()
 
 
 def linear(input: torch.Tensor, weight: torch.Tensor,
            bias: torch.Tensor | None = None) -> torch.Tensor:
     """Like ``torch.nn.functional.linear``: ``input`` [..., in_features], ``weight``
     [out_features, in_features], ``bias`` [out_features] or None; float32 or float64."""
+    key = checked_signature(input, weight, bias)
+    if key not in _LINEAR_CHECKED:
+        _check_linear(input, weight, bias)
+        _LINEAR_CHECKED.add(key)
+    return _Linear.apply(input, weight, bias)
+
+
+def _check_linear(input, weight, bias) -> None:
     op = "linear"
     for name, t in (("input", input), ("weight", weight), ("bias", bias)):
         if not isinstance(t, torch.Tensor) and (t is not None or name != "bias"):
@@ -74,7 +109,7 @@ def linear(input: torch.Tensor, weight: torch.Tensor,
     if bias is not None and tuple(bias.shape) != (weight.shape[0],):
         raise ValueError(f"{op}: bias must have shape [{weight.shape[0]}], got "
                          f"{list(bias.shape)}")
-    return _Linear.apply(input, weight, bias)
+    _check_operands(op, ("input", "weight", "bias"), (input, weight, bias))
 
 
 def addmm(input: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta=1, alpha=1):
@@ -96,8 +131,8 @@ def addmm(input: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta=1
     if tuple(input.shape) not in ((n,), (1, n)):
         raise ValueError(f"{op}: input must be a bias of shape [{n}] or [1, {n}], got "
                          f"{list(input.shape)}")
-    y = _Linear.apply(mat1, mat2, input.reshape(n), True, op)
-    return y
+    _check_operands(op, ("mat1", "mat2", "input"), (mat1, mat2, input))
+    return _Linear.apply(mat1, mat2, input.reshape(n), True, op)
 
 
 def _base(t: torch.Tensor, batch: int) -> tuple[torch.Tensor, bool]:

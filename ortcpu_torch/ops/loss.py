@@ -18,8 +18,10 @@ import math
 
 import torch
 
+from .._native import KernelError
 from .._native.arena import reshaped
 from ..kernels import loss as K
+from ..kernels._checks import SignatureCache, checked_signature
 from .activations import once_differentiable
 
 
@@ -118,14 +120,45 @@ class _CrossEntropy(torch.autograd.Function):
         return dx, None, None, None, None, None, None
 
 
+_CE_CHECKED = SignatureCache()
+
+
 def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None,
                   ignore_index: int = -100, reduction: str = "mean",
                   label_smoothing: float = 0.0) -> torch.Tensor:
     """Like ``torch.nn.functional.cross_entropy`` (class-index or class-probability targets,
     [C], [N, C] or [N, C, d1...] input, class weights, ignore_index, reductions, label
     smoothing). The mean over an all-ignored batch is NaN, as in torch."""
+    key = checked_signature(input, target, weight, ignore_index, reduction, label_smoothing)
+    if key in _CE_CHECKED:
+        # checked before with this signature; the labels' range is checked natively (before
+        # any logit is read with them), and a failure re-runs the checks for their message
+        x, t, w = input.contiguous(), target.contiguous(), weight
+        if w is not None:
+            w = w.contiguous()
+        unbatched = x.dim() == 1
+        if unbatched:
+            x, t = x.unsqueeze(0), t.unsqueeze(0)
+        if not t.is_floating_point() and t.dtype is not torch.int64:
+            t = t.to(torch.int64)
+        try:
+            return _CrossEntropy.apply(x, t, w, int(ignore_index), reduction,
+                                       float(label_smoothing), unbatched and reduction == "none")
+        except KernelError:
+            _checked_ce_args(input, target, weight, ignore_index, reduction, label_smoothing)
+            raise
+    x, t, w, unbatched = _checked_ce_args(input, target, weight, ignore_index, reduction,
+                                          label_smoothing)
+    _CE_CHECKED.add(key)
+    return _CrossEntropy.apply(x, t, w, int(ignore_index), reduction, float(label_smoothing),
+                               unbatched and reduction == "none")
+
+
+def _checked_ce_args(input, target, weight, ignore_index, reduction, label_smoothing):
+    """(logits [N, C, ...], target, weight, unbatched) after every check of
+    ``cross_entropy``'s arguments, labels range-checked."""
     op = "cross_entropy"
-    reduction = K._reduction(op, reduction)
+    K._reduction(op, reduction)
     if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)) \
             or not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"{op}: label_smoothing must be a float in [0, 1], got "
@@ -145,6 +178,4 @@ def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: torch.Tenso
     else:
         ig = K.int_attr(op, "ignore_index", ignore_index)
         t = K.labels_input(op, "target", target, sshape, c, ig)
-    out = _CrossEntropy.apply(x if not unbatched else x, t, w, int(ignore_index), reduction,
-                              float(label_smoothing), unbatched and reduction == "none")
-    return out
+    return x, t, w, unbatched

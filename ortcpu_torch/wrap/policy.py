@@ -66,8 +66,26 @@ def values_reason(values) -> str | None:
     return None
 
 
+def module_call_reason(module: torch.nn.Module, args, kwargs) -> str | None:
+    """``values_reason`` of a swapped module's call: its arguments, parameters and buffers,
+    in one loop over the common case (plain CPU tensors)."""
+    for group in (args, module._parameters.values(), module._buffers.values(),
+                  kwargs.values() if kwargs else ()):
+        for v in group:
+            if type(v) in PLAIN_TYPES and v.is_cpu and v.layout is torch.strided \
+                    and v.dtype in _OK_DTYPES:
+                continue
+            if v is not None:
+                r = values_reason((v,))
+                if r is not None:
+                    return r
+    return None
+
+
 def context_reason() -> str | None:
-    if torch.jit.is_scripting() or torch.jit.is_tracing():
+    """Why nothing may run on our kernels now: TorchScript tracing (scripted code does not
+    call Python forwards), torch.compile tracing, CPU autocast; None otherwise."""
+    if torch._C._is_tracing():
         return "TorchScript tracing/scripting"
     if torch.compiler.is_compiling():
         return "torch.compile tracing"

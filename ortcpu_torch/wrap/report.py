@@ -46,7 +46,9 @@ class Report:
     ``torch_functions``). ``functionals``: routed functionals (name, calls_ours,
     calls_torch, reasons). ``torch_functions``: every other torch function the forward
     called (name, calls, reason, modules: calling module class paths), views and metadata
-    reads included (``metadata``: True). ``timing``: None, or ms per side and phase.
+    reads included (``metadata``: True); the calls inside a swapped module that
+    ``select`` ran on torch are not listed (they run without the kernel mode: the
+    module's own entry counts them as its torch calls). ``timing``: None, or ms per side and phase.
     ``selection``: the side chosen per input signature under ``select="fastest"``
     (``wrap(model, select=report.selection)`` replays it); ``choices`` adds the timings."""
 

@@ -3,7 +3,9 @@
 left by an always-called forward hook) sends ``F.gelu``, ``torch.softmax``, ... to the
 ``ortcpu_torch.ops`` function of the same name (looked up lazily, so an entry activates as
 soon as its kernel family exists), and counts every other torch function by the module
-class whose ``forward`` called it, so ``report()`` can say what ran on torch.
+class whose ``forward`` called it, so ``report()`` can say what ran on torch (a swapped
+module that ``select`` runs on torch runs its forward without this mode: cheaper,
+and counted on the module itself).
 Standalone: ``with ortcpu_torch.kernels_enabled():``."""
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .policy import State, Stats, Unsupported, context_reason, exc_reason, values_reason
-from .select import choose
+from .select import call_key, choose
 from .tables import BY_FUNC, IGNORED_ARGS, NO_DEFAULT, FuncEntry, class_path
 from .timing import timed
 
@@ -182,12 +184,17 @@ class KernelMode(TorchFunctionMode):
             return func(*args, **kwargs)
         reason = context_reason()
         if reason is None and state.select != "ours" and values_reason(args) is None and \
-                values_reason(kwargs.values()) is None and choose(
-                    state, entry.name, None, lambda *a, **k: ours_call(entry, ours, a, k),
-                    func, args, kwargs) == "torch":
-            stats.chose_torch()
-            return timed(state, "torch", func, *args, **kwargs) if state.timing \
-                else func(*args, **kwargs)
+                (not kwargs or values_reason(kwargs.values()) is None):
+            key = (entry.name, call_key(args, kwargs))
+            side = state.sides.get(key)
+            if side is None:  # a new signature: measure
+                side = choose(state, entry.name, None,
+                              lambda *a, **k: ours_call(entry, ours, a, k), func, args,
+                              kwargs, key)
+            if side == "torch":
+                stats.chose_torch()
+                return timed(state, "torch", func, *args, **kwargs) if state.timing \
+                    else func(*args, **kwargs)
         if reason is None:
             try:
                 out = timed(state, "ours", ours_call, entry, ours, args, kwargs) \

@@ -18,14 +18,15 @@ Every choice, with both timings, is listed by ``report()``.
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import torch
 from torch.nn.utils.stateless import _reparametrize_module
 
 SELECT_MODES = ("fastest", "ours")
-_REPS = 3
+_REPS = 2  # runs per side and block, at least
+_MAX_REPS = 10
+_BLOCK_S = 2e-3
 
 
 def check_select(select):
@@ -83,21 +84,29 @@ def _time_once(fn, args, kwargs) -> float:
 
 
 def measure(run_ours, run_torch, args, kwargs) -> dict:
-    """Median forward+backward time of each side on copies of the inputs, one side's runs
-    after the other (the first of each discarded as warm-up): alternating call by call
-    would charge each side the other's OpenMP threads still spinning. Ours raising (a
-    configuration it does not take) counts as ours, so the normal path reports the
-    fallback."""
+    """Forward+backward time of each side on copies of the inputs: the best of a few runs
+    (the fastest run is what the side can do; slower ones were slowed by whatever else the
+    machine ran), in two blocks per side, ours-torch-ours-torch (a block, not call by
+    call: alternating call by call would charge each side the other's OpenMP threads still
+    spinning; two blocks, so a burst of load elsewhere does not decide alone). The first
+    run of each side is a warm-up; calls that take microseconds, where the per-call cost
+    is what is decided, get more runs (up to ``_MAX_REPS`` per block, about
+    ``_BLOCK_S`` of time). Ours raising (a configuration it does not take) counts as ours,
+    so the normal path reports the fallback."""
     rng = torch.get_rng_state()
+    sides = (("ours", run_ours), ("torch", run_torch))
     try:
-        times = {}
-        for side, fn in (("ours", run_ours), ("torch", run_torch)):
-            times[side] = [_time_once(fn, args, kwargs) for _ in range(_REPS + 1)][1:]
+        first = {side: _time_once(fn, args, kwargs) for side, fn in sides}  # warm-up
+        reps = max(_REPS, min(_MAX_REPS, int(_BLOCK_S / max(max(first.values()), 1e-9))))
+        times = {side: [] for side, _ in sides}
+        for _ in range(2):
+            for side, fn in sides:
+                times[side] += [_time_once(fn, args, kwargs) for _ in range(reps)]
     except (TypeError, ValueError, RuntimeError):
         return {"side": "ours", "ours_ms": None, "torch_ms": None}
     finally:
         torch.set_rng_state(rng)
-    o, t = statistics.median(times["ours"]), statistics.median(times["torch"])
+    o, t = min(times["ours"]), min(times["torch"])
     return {"side": "ours" if o <= t else "torch", "ours_ms": o * 1e3, "torch_ms": t * 1e3}
 
 
@@ -116,9 +125,12 @@ def module_runner(module, forward, before=None):
     return run
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def _key(v):
-    if isinstance(v, torch.Tensor):
-        return (tuple(v.shape), v.dtype, v.requires_grad)
+    if type(v) in _PLAIN or isinstance(v, torch.Tensor):
+        return (v.shape, v.dtype, v.requires_grad)  # torch.Size hashes as a tuple
     if isinstance(v, (list, tuple)):
         return tuple(_key(x) for x in v)
     try:
@@ -128,16 +140,27 @@ def _key(v):
     return v
 
 
-def choose(state, name: str, extra, run_ours, run_torch, args, kwargs) -> str:
+def call_key(args, kwargs):
+    """A hashable key of a call's arguments for ``choose``: per tensor its shape, dtype and
+    whether it needs a gradient; other values themselves (their type name if unhashable).
+    The common call, tensors only and no keywords, takes one attribute tuple per tensor."""
+    if not kwargs:
+        return tuple([(a.shape, a.dtype, a.requires_grad) if type(a) in _PLAIN else _key(a)
+                      for a in args])
+    return tuple(_key(a) for a in args), tuple((k, _key(v)) for k, v in kwargs.items())
+
+
+def choose(state, name: str, extra, run_ours, run_torch, args, kwargs, key=None) -> str:
     """"ours" or "torch" for this call of ``name`` (``extra``: what else tells calls
-    apart, e.g. a module's configuration and training flag). The per-call cost is one
-    tuple key; the readable signature is built once per new key."""
-    fast = (name, extra, _key(args), _key(tuple(kwargs.items())))
+    apart, e.g. a module's configuration and training flag; ``key``: a caller's own
+    hashable key for the same, computed more cheaply). The per-call cost is one tuple key;
+    the readable signature is built once per new key."""
+    fast = (name, extra, call_key(args, kwargs)) if key is None else key
     side = state.sides.get(fast)
     if side is None:
-        key = signature(name, args, kwargs, f" {extra}" if extra else "")
-        c = state.choices.get(key)
+        sig = signature(name, args, kwargs, f" {extra}" if extra else "")
+        c = state.choices.get(sig)
         if c is None:
-            c = state.choices[key] = measure(run_ours, run_torch, args, kwargs)
+            c = state.choices[sig] = measure(run_ours, run_torch, args, kwargs)
         side = state.sides[fast] = c["side"]
     return side

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from .policy import INFO_ATTR, context_reason, exc_reason, values_reason
-from .select import choose, module_runner
+from .policy import INFO_ATTR, context_reason, exc_reason, module_call_reason
+from .select import call_key, choose, module_runner
 from .tables import MODULES, ModuleEntry
 from .timing import timed
 
@@ -48,17 +48,20 @@ def _wrapped_forward(self, *args, **kwargs):
     # the checks too run without the kernel mode: under it every tensor attribute read
     # is a Python __torch_function__ call
     with torch._C.DisableTorchFunction():
-        reason = context_reason() or values_reason(args) \
-            or values_reason(kwargs.values()) or values_reason(self._parameters.values()) \
-            or values_reason(self._buffers.values())
-        if reason is None and state.select != "ours" and choose(
-                state, info.entry_name, (type(info.original), self.training, info.config),
-                module_runner(self, type(self).__mro__[1].forward),
-                module_runner(info.original, type(info.original).forward,
-                              lambda: sync_to_original(self, info.original, info.attrs)),
-                args, kwargs) == "torch":
-            stats.chose_torch()
-            reason = CHOSE
+        reason = context_reason() or module_call_reason(self, args, kwargs)
+        if reason is None and state.select != "ours":
+            key = (info.entry_name, info.config, self.training, call_key(args, kwargs))
+            side = state.sides.get(key)
+            if side is None:  # a new signature: measure (the runners are built only now)
+                side = choose(
+                    state, info.entry_name, (type(info.original), self.training, info.config),
+                    module_runner(self, type(self).__mro__[1].forward),
+                    module_runner(info.original, type(info.original).forward,
+                                  lambda: sync_to_original(self, info.original, info.attrs)),
+                    args, kwargs, key)
+            if side == "torch":
+                stats.chose_torch()
+                reason = CHOSE
         if reason is None:
             fwd = type(self).__mro__[1].forward
             try:
@@ -68,11 +71,24 @@ def _wrapped_forward(self, *args, **kwargs):
                 return out
             except (TypeError, ValueError) as e:
                 reason = exc_reason(f"nn.{type(self).__mro__[1].__name__}", e)
-    if reason is not CHOSE:
-        state.fell_back(f"{info.qualname or 'model'} ({info.entry_name})", info.entry_name,
-                        stats, reason)
     orig = info.original
     sync_to_original(self, orig, info.attrs)
+    if reason is CHOSE:
+        # torch measured faster: its forward runs as plain torch, without the kernel mode
+        # (whose only work inside a swapped module run by torch would be counting the
+        # calls report() already attributes to this module)
+        mode = _our_mode_on_top(state)
+        if mode is not None:
+            torch._C._pop_torch_function_stack()
+            try:
+                if state.timing:
+                    return timed(state, "torch", orig.forward, *args, **kwargs)
+                return orig.forward(*args, **kwargs)
+            finally:
+                torch._C._push_on_torch_function_stack(mode)
+    else:
+        state.fell_back(f"{info.qualname or 'model'} ({info.entry_name})", info.entry_name,
+                        stats, reason)
     scopes = state.scopes
     scopes.append(False)  # torch's forward runs as torch's, functionals included
     try:
@@ -83,17 +99,28 @@ def _wrapped_forward(self, *args, **kwargs):
         scopes.pop()
 
 
+def _our_mode_on_top(state):
+    """This wrap's active kernel mode if it is the innermost torch function mode (so it
+    can be popped and pushed back around a call), else None."""
+    modes = state.modes
+    n = torch._C._len_torch_function_stack()
+    if modes and n and torch._C._get_function_stack_at(n - 1) is modes[-1]:
+        return modes[-1]
+    return None
+
+
 def sync_to_original(new, orig, attrs) -> None:
     """The original runs the fallback: give it what may have changed on the swapped module
     since wrapping (training flag, config attributes, re-assigned parameters)."""
-    orig.training = new.training
+    nd, od = new.__dict__, orig.__dict__
+    od["training"] = nd["training"]  # a plain attribute: what Module.__setattr__ would do
     for k in attrs:
-        if k in new.__dict__:
-            orig.__dict__[k] = new.__dict__[k]
+        if k in nd:
+            od[k] = nd[k]
     for d in ("_parameters", "_buffers"):
-        od, nd = getattr(orig, d), getattr(new, d)
-        for k, v in nd.items():
-            if od.get(k, None) is not v:
+        odd, ndd = od[d], nd[d]
+        for k, v in ndd.items():
+            if odd.get(k, None) is not v:
                 setattr(orig, k, v)  # setattr: modules caching parameter lists update them
 
 

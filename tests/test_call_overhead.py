@@ -1,0 +1,133 @@
+"""The per-call fast paths of issue 18 keep every check: argument checks cached per
+signature run again for a new signature (including a tensor resized in place), labels are
+still range-checked with a clear message, and a swapped module that ``select`` runs on
+torch leaves the kernel mode as it found it."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import ortcpu_torch
+from ortcpu_torch import ops
+from ortcpu_torch.kernels._checks import SignatureCache, checked_signature
+
+
+def test_checked_signature_tells_apart_what_the_checks_read():
+    a = torch.randn(3, 4)
+    assert checked_signature(a, None, 1) == checked_signature(torch.randn(3, 4), None, 1)
+    assert checked_signature(a) != checked_signature(a.double())
+    assert checked_signature(a) != checked_signature(a.view(4, 3))
+    assert checked_signature(a) != checked_signature(a.to_sparse())
+    assert checked_signature(1) != checked_signature(True) != checked_signature(1.0)
+    assert checked_signature([1, 2]) is None  # not summarised: checked on every call
+    cache = SignatureCache(limit=2)
+    for k in ("a", "b", "c"):
+        cache.add(checked_signature(k))
+    assert checked_signature("c") in cache and None not in cache
+
+
+def test_linear_checks_a_new_signature_after_a_cached_one():
+    x, w, b = torch.randn(5, 4), torch.randn(3, 4), torch.randn(3)
+    torch.testing.assert_close(ops.linear(x, w, b), torch.nn.functional.linear(x, w, b))
+    with pytest.raises(TypeError, match="linear: weight must be float32 or float64"):
+        ops.linear(x, w.to(torch.int64), b)
+    with pytest.raises(ValueError, match="linear: bias must have shape"):
+        ops.linear(x, w, torch.randn(4))
+    x.resize_(5, 6)  # in place: same object, new shape
+    with pytest.raises(ValueError, match="linear: input's last dim must be in_features=4"):
+        ops.linear(x, w, b)
+    with pytest.raises(TypeError, match="linear: input must be a torch.Tensor"):
+        ops.linear([[1.0] * 4], w, b)
+
+
+def test_linear_non_contiguous_inputs_after_a_cached_contiguous_call():
+    x, w = torch.randn(6, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)
+    ops.linear(x, w)
+    xt = torch.randn(4, 6, dtype=torch.float64).t()  # same signature, other strides
+    wt = torch.randn(4, 3, dtype=torch.float64).t()
+    torch.testing.assert_close(ops.linear(xt, wt), xt @ wt.t())
+
+
+def test_gelu_checks_a_new_signature_after_a_cached_one():
+    x = torch.randn(4, 8)
+    ops.gelu(x)
+    with pytest.raises(ValueError, match="approximate must be 'none' or 'tanh'"):
+        ops.gelu(x, approximate="fast")
+    with pytest.raises(TypeError, match="gelu: input must be float32 or float64"):
+        ops.gelu(torch.ones(4, 8, dtype=torch.int32))
+    ops.bias_gelu(x, torch.randn(8))
+    with pytest.raises(ValueError, match="bias must be 1-D with input.shape"):
+        ops.bias_gelu(x, torch.randn(7))
+
+
+def test_gelu_backward_of_a_non_contiguous_gradient():
+    x = torch.randn(4, 8, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(8, 4, dtype=torch.float64).t()
+    ops.gelu(x).backward(g)
+    x2 = x.detach().clone().requires_grad_()
+    torch.nn.functional.gelu(x2).backward(g)
+    torch.testing.assert_close(x.grad, x2.grad)
+
+
+def test_cross_entropy_labels_out_of_range_with_a_cached_signature():
+    x = torch.randn(6, 5, requires_grad=True)
+    good = torch.tensor([0, 1, 2, 3, 4, 0])
+    ops.cross_entropy(x, good).backward()
+    bad = torch.tensor([0, 1, 7, 3, 4, 0])  # same signature, one label out of range
+    with pytest.raises(ValueError, match=r"target has label 7 at index \(2,\), out of range"):
+        ops.cross_entropy(x, bad)
+    ignored = torch.tensor([0, -100, 2, 3, 4, 0])  # ignore_index stays allowed
+    torch.testing.assert_close(ops.cross_entropy(x, ignored),
+                               torch.nn.functional.cross_entropy(x, ignored))
+    with pytest.raises(ValueError, match="reduction must be"):
+        ops.cross_entropy(x, good, reduction="avg")
+    with pytest.raises(TypeError, match="target must be int64 or int32"):
+        ops.cross_entropy(x, good.to(torch.int16))
+
+
+def test_cross_entropy_cached_path_int32_and_unbatched():
+    for target in (torch.tensor([1, 3], dtype=torch.int32), torch.tensor(2)):
+        x = torch.randn(*target.shape, 4, dtype=torch.float64, requires_grad=True)
+        for _ in range(2):  # the second call takes the cached path
+            x.grad = None
+            ops.cross_entropy(x, target).backward()
+            x2 = x.detach().clone().requires_grad_()
+            torch.nn.functional.cross_entropy(x2, target.long()).backward()
+            torch.testing.assert_close(x.grad, x2.grad)
+
+
+def test_module_chosen_torch_runs_without_the_kernel_mode_and_restores_it():
+    base = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 2))
+    model = copy.deepcopy(base)
+    ortcpu_torch.wrap(model, fallback="error")
+    x = torch.randn(4, 8)
+    model(x)
+    sig = {k: "torch" for k in ortcpu_torch.report(model, file=None).selection}
+    ortcpu_torch.wrap(model, fallback="error", select=sig)
+    depth = torch._C._len_torch_function_stack()
+    out = model(x)
+    torch.testing.assert_close(out, base(x))
+    assert torch._C._len_torch_function_stack() == depth
+    rep = ortcpu_torch.report(model, file=None)
+    assert all(d["calls_torch"] == 1 and d["calls_ours"] == 0 for d in rep.modules)
+    # the torch functions inside a module run by torch are that module's, not counted again
+    assert not any(d["name"] in ("F.linear", "F.gelu") for d in rep.torch_functions)
+
+
+def test_kernel_mode_is_restored_when_a_torch_chosen_module_raises():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
+    ortcpu_torch.wrap(model, fallback="error")
+    model(torch.randn(4, 8))
+    sig = {k: "torch" for k in ortcpu_torch.report(model, file=None).selection}
+    ortcpu_torch.wrap(model, fallback="error", select=sig)
+    depth = torch._C._len_torch_function_stack()
+    model[1].weight.data = torch.randn(2, 5)  # breaks torch's forward, not the checks
+    with pytest.raises(RuntimeError):
+        model(torch.randn(4, 8))
+    assert torch._C._len_torch_function_stack() == depth
+    model[1].weight.data = torch.randn(2, 8)
+    model(torch.randn(4, 8)).sum().backward()
