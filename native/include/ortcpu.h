@@ -88,6 +88,31 @@ int ortcpu_act_backward_f32(int op, const float *dy, const float *xy, float *dx,
 int ortcpu_act_backward_f64(int op, const double *dy, const double *xy, double *dx,
                             int64_t n, double alpha, int nthreads);
 
+/* Piecewise-linear ops selected by `op` (ORTCPU_HARD_*), parameters a and b:
+ *   HARD_SIGMOID  y = clamp(a*x + b, 0, 1)             (ONNX HardSigmoid alpha, beta)
+ *   HARD_SWISH    y = x * clamp(a*x + b, 0, 1), a > 0  (ONNX HardSwish: 1/6, 1/2)
+ *   HARDTANH      y = clamp(x, a, b), a <= b           (torch hardtanh / relu6: 0, 6)
+ * The kinks are found in x space (x0 = -b/a, x1 = (1-b)/a, in double), so the flat
+ * pieces are exact and the slopes follow torch's convention at the kinks: HARD_SIGMOID
+ * and HARDTANH pass the slope only strictly inside (x0, x1) / (a, b); HARD_SWISH's
+ * slope is 0 up to x0, 2a*x + b inside, 1 from x1 on. NaN propagates forward; backward
+ * at NaN is what torch's vectorized kernels give (HARD_SIGMOID and HARDTANH 0, HARD_SWISH
+ * NaN; torch's scalar tail loop differs). Backward takes the forward input x (for
+ * HARDTANH the output works as well: same mask).                                    */
+enum {
+    ORTCPU_HARD_SIGMOID = 0,
+    ORTCPU_HARD_SWISH = 1,
+    ORTCPU_HARDTANH = 2
+};
+int ortcpu_hard_act_forward_f32(int op, const float *x, float *y, int64_t n, double a,
+                                double b, int nthreads);
+int ortcpu_hard_act_forward_f64(int op, const double *x, double *y, int64_t n, double a,
+                                double b, int nthreads);
+int ortcpu_hard_act_backward_f32(int op, const float *dy, const float *x, float *dx,
+                                 int64_t n, double a, double b, int nthreads);
+int ortcpu_hard_act_backward_f64(int op, const double *dy, const double *x, double *dx,
+                                 int64_t n, double a, double b, int nthreads);
+
 /* ---- softmax (spec §3) ----------------------------------------------------
  * The tensor is viewed as [outer, dim, inner]; the reduction runs over dim.
  * log_ = 0: softmax, 1: log-softmax.
