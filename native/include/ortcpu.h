@@ -475,7 +475,9 @@ int ortcpu_gemm_f64(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, d
  * geom[23]: N, C, M, group, in[3], kernel[3], out[3], strides[3], pads_begin[3],
  * dilations[3] (1-D/2-D as 3-D with leading sizes 1), algorithm (0 auto, 1 im2col,
  * 2 Winograd F(2x2,3x3), 3 F(4x4,3x3): 2-D 3x3, stride 1, dilation 1, group 1 only;
- * 4 small-map im2col: 2-D, stride 1, dilation 1, pads >= 0, padded plane <= 1024).
+ * 4 small-map im2col: 2-D, stride 1, dilation 1, pads >= 0, padded plane <= 1024;
+ * 5 depthwise: group == C > 1, M a multiple of C, 1-D/2-D, pads >= 0; auto picks it
+ * there for stride 1 or kernels of 5x5 and up).
  * x [N,C,in], w [M,C/group,kernel], b [M] or NULL, y [N,M,out]. Backward: any of dx,
  * dw, db may be NULL.                                                              */
 int ortcpu_conv_forward_f32(const float *x, const float *w, const float *b, float *y,
