@@ -1,7 +1,7 @@
 """Depthwise convolution (issue 14): our depthwise kernel vs our grouped im2col path vs
 PyTorch eager, float32, forward + backward (dX, dW, dB), at MobileNetV3 shapes (N8,
-C16..96, 56/28/14/7 maps, 3x3 and 5x5, stride 1 and 2) and ConvNeXt's (7x7, pad 3,
-C32..96 on 28/14 maps).
+C16..96, 56/28/14/7 maps, 3x3 and 5x5, stride 1 and 2), ConvNeXt's (7x7, pad 3, C32..96
+on 28/14 maps) and the small maps of benchmarks/models.py's 32x32 models.
 
     python -m benchmarks.conv_depthwise [--threads 2] [--reps 11] [--cpu-time]
 
@@ -9,7 +9,9 @@ C32..96 on 28/14 maps).
 kernel); ``im2col`` is the registry's Conv + ConvGrad forced to ``algo="im2col"`` (no
 autograd: its time is a lower bound of what that path costs a user). The three sides
 alternate call by call; each time is the median over ``--reps`` rounds after warm-up;
-ratios are torch / ours and im2col / ours (> 1: the depthwise kernel is faster).
+ratios are torch / ours and im2col / ours (> 1: ours faster). Where the auto lowering
+does not pick the depthwise kernel (stride 2 with 3x3 kernels or small outputs, see
+conv_dw_pays in native/src/conv.c) "ours" is the im2col path too.
 ``--cpu-time`` (implies 1 thread) times with ``time.thread_time()``, which other
 processes on a loaded machine disturb much less than the wall clock.
 """
@@ -43,6 +45,11 @@ SHAPES = [
     ("convnext C64 28 k7", 64, 28, 7, 1),
     ("convnext C64 14 k7", 64, 14, 7, 1),
     ("convnext C96 14 k7", 96, 14, 7, 1),
+    # the small maps of benchmarks/models.py's 32x32 ConvNeXt / MobileNetV3
+    ("convnext C32 8 k7", 32, 8, 7, 1),
+    ("convnext C64 4 k7", 64, 4, 7, 1),
+    ("mnv3 C48 8 k5 s1", 48, 8, 5, 1),
+    ("mnv3 C64 8 k5 s2", 64, 8, 5, 2),
 ]
 N = 8
 #: the issue's rule: the depthwise kernel is used where it beats both other paths

@@ -148,12 +148,13 @@ static int conv_dw_fits(const conv_geom *q)
 }
 
 /* Where the depthwise kernel beats grouped im2col (benchmarks/conv_depthwise.py, 1 thread
- * CPU time, N8): stride 1 everywhere (3x3 C16-48 on 56/28 maps 0.9-1.0x im2col, 1.2x
- * torch; 5x5 and 7x7 1.6-2.4x both); with stride 2 only kernels of 5x5 and up (C72 28
- * 5x5 1.3x; 3x3 0.7x: its scattered dX loses to col2im). */
+ * CPU time, N8): stride 1 everywhere (3x3 C16-48 on 56..16 maps 0.9-1.1x im2col, 1.2-1.8x
+ * torch; 5x5 and 7x7 on 28..4 maps 1.4-2.4x im2col); with stride 2 only kernels of 5x5
+ * and up with outputs of 8x8 or more (C72 28->14 5x5 1.3x; C64 8->4 5x5 0.85x; 3x3
+ * 0.7x: the scattered dX loses to col2im). */
 static int conv_dw_pays(const conv_geom *q)
 {
-    return (q->s[1] == 1 && q->s[2] == 1) || q->k[1] * q->k[2] >= 25;
+    return (q->s[1] == 1 && q->s[2] == 1) || (q->k[1] * q->k[2] >= 25 && q->osz >= 64);
 }
 
 /* Whether this convolution runs on the depthwise kernel: forced, or where it fits and
