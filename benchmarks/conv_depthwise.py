@@ -10,8 +10,8 @@ kernel); ``im2col`` is the registry's Conv + ConvGrad forced to ``algo="im2col"`
 autograd: its time is a lower bound of what that path costs a user). The three sides
 alternate call by call; each time is the median over ``--reps`` rounds after warm-up;
 ratios are torch / ours and im2col / ours (> 1: ours faster). Where the auto lowering
-does not pick the depthwise kernel (stride 2 with 3x3 kernels or small outputs, see
-conv_dw_pays in native/src/conv.c) "ours" is the im2col path too.
+does not pick the depthwise kernel (stride 2 with a 3x3 kernel and an output under 14x14,
+see conv_dw_pays in native/src/conv.c) "ours" is the im2col path too.
 ``--cpu-time`` (implies 1 thread) times with ``time.thread_time()``, which other
 processes on a loaded machine disturb much less than the wall clock.
 """
@@ -50,6 +50,7 @@ SHAPES = [
     ("convnext C64 4 k7", 64, 4, 7, 1),
     ("mnv3 C48 8 k5 s1", 48, 8, 5, 1),
     ("mnv3 C64 8 k5 s2", 64, 8, 5, 2),
+    ("mnv3 C48 16 k3 s2", 48, 16, 3, 2),
 ]
 N = 8
 #: the issue's rule: the depthwise kernel is used where it beats both other paths

@@ -49,6 +49,9 @@ CASES = [  # n, c, mult, h, w, k, stride, pads [top, left, bottom, right], dilat
     (2, 3, 1, 8, 8, 3, 3, [4, 4, 4, 4], 1),        # pads beyond the kernel's reach
     (1, 3, 1, 17, 17, 3, 1, [1, 1, 1, 1], 1),      # one row/column past the tiles
     (0, 4, 1, 6, 6, 3, 1, [1, 1, 1, 1], 1),        # empty batch
+    (2, 3, 1, 9, 7, 2, 2, [0, 1, 1, 0], 1),        # even kernel: phases with one tap
+    (1, 3, 1, 7, 7, 1, 2, [0, 0, 0, 0], 1),        # 1x1 stride 2: phases with no tap
+    (1, 3, 1, 20, 20, 3, 2, [1, 1, 1, 1], 1),      # stride 2, 10x10 output
 ]
 
 
@@ -138,3 +141,29 @@ def test_geometry_that_does_not_fit_is_refused():
     with pytest.raises(ValueError, match="pads"):  # negative pads (refused for every conv)
         KC.conv_forward("Conv", x, torch.randn(4, 1, 3, 3), group=4, pads=[-1, 0, 0, 0],
                         algo="depthwise")
+
+
+def test_random_geometries_float64():
+    """Random kernels 1-7, strides 1-3, dilations 1-2, pads 0-4, multipliers 1-2 and maps
+    1-20 (every dX path: rotated-kernel correlation, stride phases, scatter)."""
+    gen = torch.Generator().manual_seed(7)
+
+    def pick(*v):
+        return v[int(torch.randint(len(v), (1,), generator=gen))]
+
+    done = 0
+    while done < 40:
+        c, mult, k = pick(2, 3, 5), pick(1, 1, 2), pick(1, 2, 3, 5, 7)
+        s, d, p = pick(1, 2, 3), pick(1, 1, 2), pick(0, 1, 2, 3, 4)
+        h, w = pick(1, 4, 7, 9, 13, 20), pick(1, 5, 8, 11, 20)
+        if min(h, w) + 2 * p - d * (k - 1) - 1 < 0 or p > d * (k - 1):
+            continue  # no output, or windows entirely inside the padding
+        x = torch.randn(2, c, h, w, dtype=torch.float64, generator=gen)
+        wt = torch.randn(c * mult, 1, k, k, dtype=torch.float64, generator=gen)
+        b = torch.randn(c * mult, dtype=torch.float64, generator=gen)
+        got, g = _ours(x, wt, b, s, [p] * 4, d, "depthwise")
+        want = _torch(x, wt, b, s, [p] * 4, d, g)
+        for a, e in zip(got, want, strict=True):
+            torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12,
+                                       msg=str((c, mult, k, s, d, p, h, w)))
+        done += 1

@@ -477,7 +477,7 @@ int ortcpu_gemm_f64(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, d
  * 2 Winograd F(2x2,3x3), 3 F(4x4,3x3): 2-D 3x3, stride 1, dilation 1, group 1 only;
  * 4 small-map im2col: 2-D, stride 1, dilation 1, pads >= 0, padded plane <= 1024;
  * 5 depthwise: group == C > 1, M a multiple of C, 1-D/2-D, pads >= 0; auto picks it
- * there for stride 1 or kernels of 5x5 and up).
+ * there for stride 1, kernels of 5x5 and up, or outputs of 14x14 and more).
  * x [N,C,in], w [M,C/group,kernel], b [M] or NULL, y [N,M,out]. Backward: any of dx,
  * dw, db may be NULL.                                                              */
 int ortcpu_conv_forward_f32(const float *x, const float *w, const float *b, float *y,

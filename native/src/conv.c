@@ -147,14 +147,17 @@ static int conv_dw_fits(const conv_geom *q)
            q->p[1] >= 0 && q->p[2] >= 0;
 }
 
+/* How conv_dw.inc computes dX (see there). */
+enum { DW_DX_SCATTER = 0, DW_DX_CORR = 1, DW_DX_PHASES = 2 };
+
 /* Where the depthwise kernel beats grouped im2col (benchmarks/conv_depthwise.py, 1 thread
- * CPU time, N8): stride 1 everywhere (3x3 C16-48 on 56..16 maps 0.9-1.1x im2col, 1.2-1.8x
- * torch; 5x5 and 7x7 on 28..4 maps 1.4-2.4x im2col); with stride 2 only kernels of 5x5
- * and up with outputs of 8x8 or more (C72 28->14 5x5 1.3x; C64 8->4 5x5 0.85x; 3x3
- * 0.7x: the scattered dX loses to col2im). */
+ * CPU time, N8, forward + backward): stride 1 everywhere (3x3 C16/C48 on 56/28 maps
+ * 1.2-1.4x; 5x5 and 7x7 on 28..4 maps 2-4.7x); stride 2 with 5x5+ kernels (4x4 outputs
+ * 1.05x, 14x14 2.7x) or outputs of 14x14 and more (3x3: 28x28 1.15x, 16x16 1.2x; on 8x8
+ * and 4x4 outputs 0.9x / 0.55x: the per-phase set-up does not pay there). */
 static int conv_dw_pays(const conv_geom *q)
 {
-    return (q->s[1] == 1 && q->s[2] == 1) || (q->k[1] * q->k[2] >= 25 && q->osz >= 64);
+    return (q->s[1] == 1 && q->s[2] == 1) || q->k[1] * q->k[2] >= 25 || q->osz >= 196;
 }
 
 /* Whether this convolution runs on the depthwise kernel: forced, or where it fits and

@@ -3,8 +3,8 @@
 honoured (ORT 1.19.2's ConvGrad ignores it; we do not). float32 and float64.
 
 Lowering (native/src/conv.c): depthwise convolutions (group == C > 1, M a multiple of C,
-1-D/2-D, pads >= 0; stride 1 or kernels of 5x5 and up, where it measured faster) run on a
-direct per-channel kernel (conv_dw.inc); 2-D 3x3
+1-D/2-D, pads >= 0; stride 1, kernels of 5x5 and up or outputs of 14x14 and more, where
+it measured faster) run on a direct per-channel kernel (conv_dw.inc); 2-D 3x3
 convolutions with stride 1, dilation 1, one group and at least 8 input and 4 output
 channels as Winograd F(2x2, 3x3) or F(4x4, 3x3) (GEMMs per block of output tiles; dX is
 the Winograd forward of dY with the rotated kernel); everything else as im2col / col2im.
