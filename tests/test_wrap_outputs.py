@@ -113,6 +113,9 @@ def _new_cases():
         out["silu"] = (ops.silu, F.silu, lambda b: [r(_rows(b), 64)])
     if hasattr(ops, "relu"):
         out["relu"] = (ops.relu, F.relu, lambda b: [r(_rows(b), 64)])
+    for name in ("hardswish", "hardsigmoid", "relu6", "hardtanh"):
+        if hasattr(ops, name):
+            out[name] = (getattr(ops, name), getattr(F, name), lambda b: [r(_rows(b), 64) * 4])
     if hasattr(ops, "addmm"):
         out["addmm"] = (ops.addmm, torch.addmm,
                         lambda b: [r(48), r(_rows(b, 48), 32), r(32, 48)])

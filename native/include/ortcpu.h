@@ -88,6 +88,31 @@ int ortcpu_act_backward_f32(int op, const float *dy, const float *xy, float *dx,
 int ortcpu_act_backward_f64(int op, const double *dy, const double *xy, double *dx,
                             int64_t n, double alpha, int nthreads);
 
+/* Piecewise-linear ops selected by `op` (ORTCPU_HARD_*), parameters a and b:
+ *   HARD_SIGMOID  y = clamp(a*x + b, 0, 1)             (ONNX HardSigmoid alpha, beta)
+ *   HARD_SWISH    y = x * clamp(a*x + b, 0, 1), a > 0  (ONNX HardSwish: 1/6, 1/2)
+ *   HARDTANH      y = clamp(x, a, b), a <= b           (torch hardtanh / relu6: 0, 6)
+ * The kinks are found in x space (x0 = -b/a, x1 = (1-b)/a, in double), so the flat
+ * pieces are exact and the slopes follow torch's convention at the kinks: HARD_SIGMOID
+ * and HARDTANH pass the slope only strictly inside (x0, x1) / (a, b); HARD_SWISH's
+ * slope is 0 up to x0, 2a*x + b inside, 1 from x1 on. NaN propagates forward; backward
+ * at NaN is what torch's vectorized kernels give (HARD_SIGMOID and HARDTANH 0, HARD_SWISH
+ * NaN; torch's scalar tail loop differs). Backward takes the forward input x (for
+ * HARDTANH the output works as well: same mask).                                    */
+enum {
+    ORTCPU_HARD_SIGMOID = 0,
+    ORTCPU_HARD_SWISH = 1,
+    ORTCPU_HARDTANH = 2
+};
+int ortcpu_hard_act_forward_f32(int op, const float *x, float *y, int64_t n, double a,
+                                double b, int nthreads);
+int ortcpu_hard_act_forward_f64(int op, const double *x, double *y, int64_t n, double a,
+                                double b, int nthreads);
+int ortcpu_hard_act_backward_f32(int op, const float *dy, const float *x, float *dx,
+                                 int64_t n, double a, double b, int nthreads);
+int ortcpu_hard_act_backward_f64(int op, const double *dy, const double *x, double *dx,
+                                 int64_t n, double a, double b, int nthreads);
+
 /* ---- softmax (spec §3) ----------------------------------------------------
  * The tensor is viewed as [outer, dim, inner]; the reduction runs over dim.
  * log_ = 0: softmax, 1: log-softmax.
@@ -450,7 +475,9 @@ int ortcpu_gemm_f64(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, d
  * geom[23]: N, C, M, group, in[3], kernel[3], out[3], strides[3], pads_begin[3],
  * dilations[3] (1-D/2-D as 3-D with leading sizes 1), algorithm (0 auto, 1 im2col,
  * 2 Winograd F(2x2,3x3), 3 F(4x4,3x3): 2-D 3x3, stride 1, dilation 1, group 1 only;
- * 4 small-map im2col: 2-D, stride 1, dilation 1, pads >= 0, padded plane <= 1024).
+ * 4 small-map im2col: 2-D, stride 1, dilation 1, pads >= 0, padded plane <= 1024;
+ * 5 depthwise: group == C > 1, M a multiple of C, 1-D/2-D, pads >= 0; auto picks it
+ * there for stride 1, kernels of 5x5 and up, or outputs of 14x14 and more).
  * x [N,C,in], w [M,C/group,kernel], b [M] or NULL, y [N,M,out]. Backward: any of dx,
  * dw, db may be NULL.                                                              */
 int ortcpu_conv_forward_f32(const float *x, const float *w, const float *b, float *y,

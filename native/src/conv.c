@@ -3,9 +3,15 @@
  *
  * Geometry (int64 geom[23]): N, C, M, group, in[3] (D,H,W), k[3], out[3], stride[3],
  * pad_begin[3], dil[3], algorithm (CONV_ALGO_*: 0 auto, 1 im2col, 2 Winograd F(2x2,3x3),
- * 3 Winograd F(4x4,3x3), 4 small-map im2col). Layouts: x [N,C,in], w [M,C/group,k], y [N,M,out].
+ * 3 Winograd F(4x4,3x3), 4 small-map im2col, 5 depthwise). Layouts: x [N,C,in],
+ * w [M,C/group,k], y [N,M,out].
  *
- * Two lowerings:
+ * Three lowerings:
+ * - Depthwise (conv_dw.inc) for 2-D (and 1-D) convolutions with group == C and M a
+ *   multiple of C, pads >= 0, any kernel, stride and dilation: a direct loop per channel
+ *   plane over a zero-padded, stride-phase-split copy in register tiles, instead of C
+ *   one-row GEMMs; measured against the grouped im2col path at MobileNetV3 / ConvNeXt
+ *   shapes (benchmarks/conv_depthwise.py), auto picks it where it pays (conv_dw_pays).
  * - Winograd (conv_wino.inc) for 2-D 3x3 kernels with stride 1, dilation 1, group 1 and
  *   any (asymmetric) padding: (r+2)^2 GEMMs per block of r x r output tiles instead of
  *   one im2col GEMM, 2.25x (F(2x2)) or 4x (F(4x4)) fewer multiply-adds. dX is the same
@@ -57,7 +63,7 @@ typedef struct {
 } conv_geom;
 
 enum { CONV_ALGO_AUTO = 0, CONV_ALGO_IM2COL = 1, CONV_ALGO_WINOGRAD2 = 2, CONV_ALGO_WINOGRAD4 = 3,
-       CONV_ALGO_SMALL_MAP = 4 };
+       CONV_ALGO_SMALL_MAP = 4, CONV_ALGO_DEPTHWISE = 5 };
 
 /* Output maps below this many positions batch several samples into one im2col GEMM
  * (conv_batch in conv.inc) and take the small-map column path where it fits. */
@@ -80,8 +86,8 @@ static int conv_small_map_fits(const conv_geom *q)
 
 static int conv_geom_read(const int64_t *g, conv_geom *q)
 {
-    if (g[22] < CONV_ALGO_AUTO || g[22] > CONV_ALGO_SMALL_MAP)
-        return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv: algorithm %lld not in 0..4",
+    if (g[22] < CONV_ALGO_AUTO || g[22] > CONV_ALGO_DEPTHWISE)
+        return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv: algorithm %lld not in 0..5",
                         (long long)g[22]);
     q->algo = (int)g[22];
     q->n = g[0]; q->c = g[1]; q->m = g[2]; q->group = g[3];
@@ -128,6 +134,38 @@ static inline void conv_valid_range(int64_t off, int64_t s, int64_t in, int64_t 
     if (a > b) a = b;
     *lo = a;
     *hi = b;
+}
+
+/* ---- depthwise (conv_dw.inc) ---- */
+
+/* Depthwise: one input channel per group (group == C > 1), M = C * multiplier, 2-D or
+ * 1-D (no depth axis), pads >= 0 (the end pads follow from the output size). */
+static int conv_dw_fits(const conv_geom *q)
+{
+    return q->group == q->c && q->c > 1 && q->m % q->c == 0 && q->in[0] == 1 &&
+           q->k[0] == 1 && q->out[0] == 1 && q->p[0] == 0 && q->s[0] == 1 && q->d[0] == 1 &&
+           q->p[1] >= 0 && q->p[2] >= 0;
+}
+
+/* How conv_dw.inc computes dX (see there). */
+enum { DW_DX_SCATTER = 0, DW_DX_CORR = 1, DW_DX_PHASES = 2 };
+
+/* Where the depthwise kernel beats grouped im2col (benchmarks/conv_depthwise.py, 1 thread
+ * CPU time, N8, forward + backward): stride 1 everywhere (3x3 C16/C48 on 56/28 maps
+ * 1.2-1.4x; 5x5 and 7x7 on 28..4 maps 2-4.7x); stride 2 with 5x5+ kernels (4x4 outputs
+ * 1.05x, 14x14 2.7x) or outputs of 14x14 and more (3x3: 28x28 1.15x, 16x16 1.2x; on 8x8
+ * and 4x4 outputs 0.9x / 0.55x: the per-phase set-up does not pay there). */
+static int conv_dw_pays(const conv_geom *q)
+{
+    return (q->s[1] == 1 && q->s[2] == 1) || q->k[1] * q->k[2] >= 25 || q->osz >= 196;
+}
+
+/* Whether this convolution runs on the depthwise kernel: forced, or where it fits and
+ * pays. */
+static int conv_dw_use(const conv_geom *q)
+{
+    return q->algo == CONV_ALGO_DEPTHWISE ||
+           (q->algo == CONV_ALGO_AUTO && conv_dw_fits(q) && conv_dw_pays(q));
 }
 
 /* ---- Winograd F(2x2, 3x3) / F(4x4, 3x3) geometry (conv_wino.inc) ---- */
@@ -226,6 +264,7 @@ static inline int64_t wino_plane(int64_t ch, int64_t ld)
 #define SFX f32
 #define ACC double
 #include "conv_wino.inc"
+#include "conv_dw.inc"
 #include "conv.inc"
 #undef T
 #undef SFX
@@ -235,6 +274,7 @@ static inline int64_t wino_plane(int64_t ch, int64_t ld)
 #define SFX f64
 #define ACC double
 #include "conv_wino.inc"
+#include "conv_dw.inc"
 #include "conv.inc"
 #undef T
 #undef SFX

@@ -133,6 +133,18 @@ def _leaky_relu(ctx):
                      lambda x: F.leaky_relu(x, alpha), ctx)
 
 
+@kernel_op("HardSigmoid")
+def _hard_sigmoid(ctx):
+    kw = {"alpha": ctx.attr("alpha", 0.2), "beta": ctx.attr("beta", 0.5)}
+    return _float_or(bind_kernel("HardSigmoid", ctx, kw=kw), _not_supported("HardSigmoid"),
+                     ctx)
+
+
+@kernel_op("HardSwish")
+def _hard_swish(ctx):
+    return _float_or(bind_kernel("HardSwish", ctx, kw={}), _not_supported("HardSwish"), ctx)
+
+
 @kernel_op("Gelu", since=20)
 def _gelu(ctx):
     approx = ctx.attr("approximate", "none")

@@ -224,17 +224,6 @@ def _thresholded_relu(ctx):
     return lambda x: torch.where(x > a, x, torch.zeros((), dtype=x.dtype))
 
 
-@op("HardSigmoid")
-def _hard_sigmoid(ctx):
-    a, b = ctx.attr("alpha", 0.2), ctx.attr("beta", 0.5)
-    return lambda x: torch.clamp(x * a + b, 0, 1)
-
-
-@op("HardSwish")
-def _hard_swish(ctx):
-    return lambda x: x * torch.clamp(x * (1 / 6) + 0.5, 0, 1)
-
-
 @op("Shrink")
 def _shrink(ctx):
     lambd, bias = ctx.attr("lambd", 0.5), ctx.attr("bias", 0.0)

@@ -1,5 +1,6 @@
 """Activation kernels (spec §2, §3, §17.1): GELU family, ReLU, Sigmoid, Tanh,
-LeakyReLU, QuickGELU, Softmax / LogSoftmax and their gradients.
+LeakyReLU, QuickGELU, HardSigmoid, HardSwish, hardtanh (ReLU6), Softmax / LogSoftmax and
+their gradients.
 
 float32 and float64 everywhere (ORT 1.19.2 runs most of these in float32 only).
 """
@@ -229,6 +230,59 @@ def LeakyReluGrad(dY, Y, alpha=0.01):
     *output*. Attribute alpha (0.01). Output: dX."""
     a = float_attr("LeakyReluGrad", "alpha", alpha)
     return act_backward("LeakyReluGrad", "LeakyRelu", dY, Y, "Y", a)
+
+
+# ---- piecewise-linear activations (HardSigmoid, HardSwish, hardtanh / ReLU6) ----------
+
+_HARD = {"HardSigmoid": 0, "HardSwish": 1, "hardtanh": 2}
+#: HardSwish's fixed line (ONNX: alpha 1/6, beta 1/2, as torch's hardswish)
+HARD_SWISH_AB = (1.0 / 6.0, 0.5)
+
+
+def hard_forward(op: str, kind: str, x, a: float, b: float, out=None) -> torch.Tensor:
+    """``kind`` (a ``_HARD`` key) of ``x`` with parameters (a, b): HardSigmoid
+    ``clamp(a·x + b, 0, 1)``, HardSwish ``x·clamp(a·x + b, 0, 1)``, hardtanh
+    ``clamp(x, a, b)``. ``out``: a contiguous tensor like ``x`` (not overlapping it) to
+    write into instead of a new one. ``op`` names the caller in errors."""
+    x = float_input(op, "X", x)
+    y = empty_like(x) if out is None else out
+    st = native_fn("hard_act_forward", x.dtype)(
+        _HARD[kind], ptr(x), ptr(y), x.numel(), a, b, get_num_threads()
+    )
+    check_status(st, op)
+    return y
+
+
+def hard_backward(op: str, kind: str, dy, x, a: float, b: float) -> torch.Tensor:
+    """dX of ``hard_forward(kind)`` from dY and the forward input X, with torch's slopes
+    at the kinks (see ``ortcpu_hard_act_backward`` in ortcpu.h). ONNX Runtime has no
+    gradient op for these: the autograd functions call this directly."""
+    dy = float_input(op, "dY", dy)
+    x = float_input(op, "X", x)
+    same_dtype(op, "dY", dy, "X", x)
+    same_shape(op, "dY", dy, "X", x)
+    dx = empty_like(dy)
+    st = native_fn("hard_act_backward", dy.dtype)(
+        _HARD[kind], ptr(dy), ptr(x), ptr(dx), dy.numel(), a, b, get_num_threads()
+    )
+    check_status(st, op)
+    return dx
+
+
+@register
+def HardSigmoid(X, alpha=0.2, beta=0.5):
+    """ONNX HardSigmoid: ``max(0, min(1, alpha·X + beta))`` (NaN propagates).
+    Attributes alpha (0.2), beta (0.5). Output: Y."""
+    a = float_attr("HardSigmoid", "alpha", alpha)
+    return hard_forward("HardSigmoid", "HardSigmoid", X, a,
+                        float_attr("HardSigmoid", "beta", beta))
+
+
+@register
+def HardSwish(X):
+    """ONNX HardSwish: ``X·max(0, min(1, X/6 + 1/2))``; 0 for X <= -3 (also at -inf),
+    X for X >= 3. Output: Y."""
+    return hard_forward("HardSwish", "HardSwish", X, *HARD_SWISH_AB)
 
 
 # ---- softmax ----------------------------------------------------------------------

@@ -2,13 +2,16 @@
 1/2/3-D, strides, asymmetric pads, dilations, groups (depthwise included), ``auto_pad``
 honoured (ORT 1.19.2's ConvGrad ignores it; we do not). float32 and float64.
 
-Lowering (native/src/conv.c): 2-D 3x3 convolutions with stride 1, dilation 1, one group
-and at least 8 input and 4 output channels run as Winograd F(2x2, 3x3) or F(4x4, 3x3)
-(GEMMs per block of output tiles; dX is the Winograd forward of dY with the rotated
-kernel); everything else as im2col / col2im. GEMMs on single-threaded OpenBLAS, the work
-split over our OpenMP threads (see ``kernels/gemm.py`` for the thread decision).
+Lowering (native/src/conv.c): depthwise convolutions (group == C > 1, M a multiple of C,
+1-D/2-D, pads >= 0; stride 1, kernels of 5x5 and up or outputs of 14x14 and more, where
+it measured faster) run on a direct per-channel kernel (conv_dw.inc); 2-D 3x3
+convolutions with stride 1, dilation 1, one group and at least 8 input and 4 output
+channels as Winograd F(2x2, 3x3) or F(4x4, 3x3) (GEMMs per block of output tiles; dX is
+the Winograd forward of dY with the rotated kernel); everything else as im2col / col2im.
+GEMMs on single-threaded OpenBLAS, the work split over our OpenMP threads (see
+``kernels/gemm.py`` for the thread decision).
 ``conv_forward`` and ``conv_backward`` take ``algo="auto" | "im2col" | "winograd2" |
-"winograd4"`` to force a lowering (tests).
+"winograd4" | "small_map" | "depthwise"`` to force a lowering (tests, benchmarks).
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from ._checks import (
 from ._registry import register
 from ._spatial import auto_pad_attr, int_list, pad3, resolve_pads, spatial_rank
 
-ALGOS = {"auto": 0, "im2col": 1, "winograd2": 2, "winograd4": 3, "small_map": 4}
+ALGOS = {"auto": 0, "im2col": 1, "winograd2": 2, "winograd4": 3, "small_map": 4,
+         "depthwise": 5}
 
 
 def conv_geometry(op: str, X: torch.Tensor, W: torch.Tensor, auto_pad="NOTSET",
@@ -40,7 +44,8 @@ def conv_geometry(op: str, X: torch.Tensor, W: torch.Tensor, auto_pad="NOTSET",
     "im2col" (any geometry), "winograd2" / "winograd4" (F(2x2,3x3) / F(4x4,3x3): 2-D 3x3
     kernel, stride 1, dilation 1, group 1), "small_map" (im2col through zero-padded
     channel planes: 2-D, stride 1, dilation 1, pads >= 0, (out + kernel - 1) per side at
-    most 1024 elements); "auto" lets the native code choose."""
+    most 1024 elements), "depthwise" (group == C > 1, M a multiple of C, 1-D/2-D,
+    pads >= 0); "auto" lets the native code choose."""
     if not isinstance(algo, str) or algo not in ALGOS:
         raise ValueError(f"{op}: algo must be one of {sorted(ALGOS)}, got {algo!r}")
     r = spatial_rank(op, "X", X)
@@ -78,6 +83,10 @@ def conv_geometry(op: str, X: torch.Tensor, W: torch.Tensor, auto_pad="NOTSET",
         raise ValueError(f"{op}: algo={algo!r} needs a 2-D 3x3 kernel with stride 1, "
                          f"dilation 1 and group 1, got kernel {k}, strides {s}, dilations "
                          f"{d}, group {group}")
+    if algo == "depthwise" and (r == 3 or group != c or c < 2 or any(v < 0 for v in pb)):
+        raise ValueError(f"{op}: algo='depthwise' needs a 1-D/2-D convolution with group == "
+                         f"C > 1 and pads >= 0, got rank {r}, C={c}, group {group}, pads "
+                         f"{pb}")
     geom = [n, c, m, group, *pad3(ins, 1), *pad3(k, 1), *pad3(out, 1), *pad3(s, 1),
             *pad3(pb, 0), *pad3(d, 1), ALGOS[algo]]
     return geom, (n, m, *out)

@@ -67,6 +67,63 @@ class ReLU(torch.nn.Module):
         return "inplace=True" if self.inplace else ""
 
 
+class _InplaceActivation(torch.nn.Module):
+    """An activation module whose only argument is torch's ``inplace`` flag (not shown in
+    its repr, as torch's Hardswish / Hardsigmoid do not)."""
+
+    _fn = None
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+        self.inplace = inplace
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return type(self)._fn(input, self.inplace)
+
+
+class Hardsigmoid(_InplaceActivation):
+    """Drop-in for ``torch.nn.Hardsigmoid(inplace=False)`` (ONNX HardSigmoid, 1/6, 1/2)."""
+
+    _fn = staticmethod(ops.hardsigmoid)
+
+
+class Hardswish(_InplaceActivation):
+    """Drop-in for ``torch.nn.Hardswish(inplace=False)`` (ONNX HardSwish)."""
+
+    _fn = staticmethod(ops.hardswish)
+
+
+class Hardtanh(torch.nn.Module):
+    """Drop-in for ``torch.nn.Hardtanh(min_val=-1.0, max_val=1.0, inplace=False)``."""
+
+    def __init__(self, min_val: float = -1.0, max_val: float = 1.0,
+                 inplace: bool = False) -> None:
+        super().__init__()
+        if min_val > max_val:
+            raise ValueError(f"Hardtanh: min_val {min_val} is greater than max_val {max_val}")
+        self.min_val, self.max_val, self.inplace = min_val, max_val, inplace
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return ops.hardtanh(input, self.min_val, self.max_val, self.inplace)
+
+    def extra_repr(self) -> str:
+        return f"min_val={self.min_val}, max_val={self.max_val}" + \
+            (", inplace=True" if self.inplace else "")
+
+
+class ReLU6(Hardtanh):
+    """Drop-in for ``torch.nn.ReLU6(inplace=False)``: ``Hardtanh(0, 6)``, as torch's."""
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__(0.0, 6.0, inplace)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return ops.relu6(input, self.inplace)
+
+    def extra_repr(self) -> str:
+        return "inplace=True" if self.inplace else ""
+
+
 def _legacy_softmax_dim(ndim: int) -> int:
     # torch.nn.Softmax(dim=None) picks this dim (and warns); kept for drop-in behaviour
     return 0 if ndim in (0, 1, 3) else 1

@@ -3,10 +3,14 @@
 from .activations import (
     bias_gelu,
     gelu,
+    hardsigmoid,
+    hardswish,
+    hardtanh,
     leaky_relu,
     log_softmax,
     quick_gelu,
     relu,
+    relu6,
     silu,
     softmax,
 )
@@ -33,6 +37,7 @@ from .tensor import embedding
 
 __all__ = ["gelu", "bias_gelu", "quick_gelu", "silu", "relu", "leaky_relu", "softmax",
            "log_softmax"]
+__all__ += ["hardsigmoid", "hardswish", "hardtanh", "relu6"]
 __all__ += ["layer_norm", "rms_norm", "batch_norm", "cross_entropy", "dropout"]
 __all__ += ["conv1d", "conv2d", "conv3d", "max_pool1d", "max_pool2d", "max_pool3d",
             "avg_pool1d", "avg_pool2d", "avg_pool3d", "adaptive_avg_pool2d",

@@ -10,6 +10,7 @@ import functools
 
 import torch
 
+from .. import _native
 from ..kernels import activations as K
 from ..kernels._checks import SignatureCache, bool_arg, checked_signature, float_check
 
@@ -211,6 +212,94 @@ def leaky_relu(input: torch.Tensor, negative_slope: float = 0.01, inplace: bool 
         return _Pointwise.apply(input, "LeakyRelu", slope)
     _check_inplace_leaf(input)
     return _LeakyReluInplace.apply(input, slope)
+
+
+class _Hard(torch.autograd.Function):
+    """HardSigmoid / HardSwish / hardtanh (``kind``, parameters a, b): backward consumes
+    the forward input X (internal native gradient: ONNX Runtime has no grad op)."""
+
+    @staticmethod
+    def forward(ctx, x, kind: str, a: float, b: float, op: str):
+        x = K.float_input(op, "input", x)
+        y = K.hard_forward(op, kind, x, a, b)
+        ctx.save_for_backward(x)
+        ctx.kind, ctx.a, ctx.b, ctx.op = kind, a, b, op
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        return K.hard_backward(ctx.op, ctx.kind, dy, x, ctx.a, ctx.b), None, None, None, None
+
+
+class _HardInplace(torch.autograd.Function):
+    """In-place HardSigmoid / HardSwish / hardtanh: the result overwrites the input (marked
+    dirty). hardtanh's mask ``min < X < max`` is ``min < Y < max``, so its backward reads
+    the output; HardSigmoid / HardSwish keep a copy of X, as torch does."""
+
+    @staticmethod
+    def forward(ctx, x, kind: str, a: float, b: float, op: str):
+        xc = K.float_input(op, "input", x)
+        if kind == "hardtanh":
+            x.copy_(K.hard_forward(op, kind, xc, a, b))
+            saved = x
+        else:
+            saved = _native.empty_like(xc).copy_(xc)
+            if x.is_contiguous():
+                K.hard_forward(op, kind, saved, a, b, out=x)
+            else:
+                x.copy_(K.hard_forward(op, kind, saved, a, b))
+        ctx.mark_dirty(x)
+        ctx.save_for_backward(saved)
+        ctx.kind, ctx.a, ctx.b, ctx.op = kind, a, b, op
+        return x
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        (xy,) = ctx.saved_tensors
+        return K.hard_backward(ctx.op, ctx.kind, dy, xy, ctx.a, ctx.b), None, None, None, None
+
+
+def _hard(op: str, kind: str, input, a: float, b: float, inplace) -> torch.Tensor:
+    if not bool_arg(op, "inplace", inplace):
+        return _Hard.apply(input, kind, a, b, op)
+    _check_inplace_leaf(input)
+    return _HardInplace.apply(input, kind, a, b, op)
+
+
+def hardsigmoid(input: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+    """Like ``torch.nn.functional.hardsigmoid``: ``clamp(x/6 + 1/2, 0, 1)`` (ONNX
+    HardSigmoid with alpha 1/6, beta 1/2); gradient 1/6 strictly inside (-3, 3), as
+    torch's. ``inplace`` writes the result into ``input`` and returns it."""
+    return _hard("hardsigmoid", "HardSigmoid", input, *K.HARD_SWISH_AB, inplace)
+
+
+def hardswish(input: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+    """Like ``torch.nn.functional.hardswish``: ``x·clamp(x/6 + 1/2, 0, 1)`` (ONNX
+    HardSwish); gradient 0 up to -3, ``x/3 + 1/2`` inside (-3, 3), 1 from 3 on, as
+    torch's.
+    ``inplace`` writes the result into ``input`` and returns it."""
+    return _hard("hardswish", "HardSwish", input, *K.HARD_SWISH_AB, inplace)
+
+
+def hardtanh(input: torch.Tensor, min_val: float = -1.0, max_val: float = 1.0,
+             inplace: bool = False) -> torch.Tensor:
+    """Like ``torch.nn.functional.hardtanh``: ``clamp(x, min_val, max_val)`` (NaN
+    propagates); gradient passes strictly between the bounds. ``inplace`` writes the
+    result into ``input`` and returns it."""
+    lo = K.float_attr("hardtanh", "min_val", min_val)
+    hi = K.float_attr("hardtanh", "max_val", max_val)
+    if lo > hi:
+        raise ValueError("hardtanh: min_val cannot be greater than max_val, got "
+                         f"{lo} > {hi}")
+    return _hard("hardtanh", "hardtanh", input, lo, hi, inplace)
+
+
+def relu6(input: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+    """Like ``torch.nn.functional.relu6``: ``hardtanh(x, 0, 6)``."""
+    return _hard("relu6", "hardtanh", input, 0.0, 6.0, inplace)
 
 
 class _Softmax(torch.autograd.Function):

@@ -93,6 +93,7 @@ MODULES: tuple[ModuleEntry, ...] = tuple(
     ModuleEntry(n, args=_rnn_args) if n in ("LSTM", "GRU") else ModuleEntry(n) for n in (
     # activations
     "GELU", "SiLU", "ReLU", "LeakyReLU", "Softmax", "LogSoftmax",
+    "Hardswish", "Hardsigmoid", "ReLU6", "Hardtanh",
     # normalization / loss / dropout (issue 4)
     "LayerNorm", "RMSNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "Dropout",
     "CrossEntropyLoss",
@@ -114,6 +115,7 @@ def _s_softmax_t(input, dim, dtype=None): ...
 def _s_softmax_f(input, dim=None, _stacklevel=3, dtype=None): ...
 def _s_leaky_relu(input, negative_slope=0.01, inplace=False): ...
 def _s_inplace(input, inplace=False): ...
+def _s_hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False): ...
 def _s_unary(input): ...
 def _s_addmm(input, mat1, mat2, beta=1, alpha=1, out=None): ...
 def _s_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -177,6 +179,10 @@ def _funcs() -> list[FuncEntry]:
         ("F.leaky_relu", F.leaky_relu, "leaky_relu", _s_leaky_relu),
         ("F.silu", F.silu, "silu", _s_inplace),
         ("F.relu", F.relu, "relu", _s_inplace),
+        ("F.hardswish", F.hardswish, "hardswish", _s_inplace),
+        ("F.hardsigmoid", F.hardsigmoid, "hardsigmoid", _s_inplace),
+        ("F.relu6", F.relu6, "relu6", _s_inplace),
+        ("F.hardtanh", F.hardtanh, "hardtanh", _s_hardtanh),
         ("torch.relu", torch.relu, "relu", _s_unary),
         ("Tensor.relu", T.relu, "relu", _s_unary),
         ("torch.addmm", torch.addmm, "addmm", _s_addmm),
