@@ -22,8 +22,29 @@ _LSTM_ORDER = (0, 3, 1, 2)   # torch i,f,g,o -> ORT i,o,f,c
 _GRU_ORDER = (1, 0, 2)       # torch r,z,n -> ORT z,r,h
 
 
+def _permute_blocks(t: torch.Tensor, order, H: int) -> torch.Tensor:
+    return torch.cat([t.narrow(0, k * H, H) for k in order])
+
+
+class _GateReorder(torch.autograd.Function):
+    """``t`` with its blocks of ``H`` rows permuted to ``order``; the backward applies the
+    inverse permutation. One copy each way: differentiating the slices themselves would
+    give every block a zero-filled gradient of the whole tensor, summed (measured ~10% of
+    an LSTM(256, 256) training step)."""
+
+    @staticmethod
+    def forward(ctx, t, order, H):
+        ctx.inverse = tuple(sorted(range(len(order)), key=order.__getitem__))
+        ctx.H = H
+        return _permute_blocks(t, order, H)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _permute_blocks(grad, ctx.inverse, ctx.H), None, None
+
+
 def _reorder(t: torch.Tensor, order, H: int) -> torch.Tensor:
-    return torch.cat([t[k * H:(k + 1) * H] for k in order])
+    return _GateReorder.apply(t, order, H)
 
 
 class _RNNBase(torch.nn.Module):
@@ -134,8 +155,8 @@ class _RNNBase(torch.nn.Module):
         r = _reorder(getattr(self, "weight_hh" + sfx), order, H)
         b = None
         if self.bias:
-            b = torch.cat([_reorder(getattr(self, "bias_ih" + sfx), order, H),
-                           _reorder(getattr(self, "bias_hh" + sfx), order, H)])
+            both = torch.cat([getattr(self, "bias_ih" + sfx), getattr(self, "bias_hh" + sfx)])
+            b = _reorder(both, order + tuple(len(order) + k for k in order), H)
         return w, r, b
 
     def _run(self, x, states):
