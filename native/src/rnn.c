@@ -6,11 +6,13 @@
  * `reverse` runs time from S-1 down to 0 (HAll[t] is still the state at time t).
  *
  * The input projection of all steps is one GEMM ([S*B, I] x [I, gates]); each step
- * adds one recurrence GEMM ([B,H] x [H, gates]) and one fused pass over the gate
- * math. The backward collects the per-step pre-activation gradients dG [S,B,gates]
- * and finishes with whole-sequence GEMMs for dX, dW, dR and the bias sums. The LSTM's
- * recurrent weights are packed once per call (gemm.h: MKL's packed GEMM where it is the
- * faster backend for the step's shape) for the S per-step GEMMs of each direction.
+ * adds one recurrence GEMM ([B,H] x [H, gates]) and the gate math (a few short passes
+ * over each row, see lstm_cell_row). The backward collects the per-step pre-activation
+ * gradients dG [S,B,gates] and finishes with whole-sequence GEMMs for dX, dW, dR and
+ * the bias sums. The recurrent weights are packed once per call (gemm.h: MKL's packed
+ * GEMM where it is the faster backend for the step's shape) for the S per-step GEMMs of
+ * each direction: the LSTM's R as one operand, the GRU's as one (linear_before_reset=1)
+ * or as its z,r rows and h rows apart (=0: the h rows multiply r*h_prev).
  */
 #include "common.h"
 #include "gemm.h"
