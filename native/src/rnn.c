@@ -147,5 +147,19 @@ static inline double rnn_sigmoid_f64(double z)
 
 static inline double rnn_tanh_f64(double v) { return tanh(v); }
 
+/* Gate block order of W, R, the biases and the saved gate values (gate_order argument):
+ * 0 = ORT's (LSTM [i,o,f,c], GRU [z,r,h]), 1 = torch's (LSTM [i,f,g,o], GRU [r,z,n]), so
+ * that nn.LSTM / nn.GRU pass their parameters without a reordering copy. Peepholes keep
+ * ORT's (Pi, Po, Pf) order either way; the GRU's h (torch: n) block is third in both. */
+typedef struct {
+    int64_t i, o, f, c; /* element offsets of the blocks in a row of 4H */
+} rnn_lstm_gates;
+
+static rnn_lstm_gates rnn_lstm_order(int gate_order, int64_t H)
+{
+    rnn_lstm_gates ort = {0, H, 2 * H, 3 * H}, torch = {0, 3 * H, H, 2 * H};
+    return gate_order ? torch : ort;
+}
+
 #define ORT_TEMPLATE "rnn.inc"
 #include "instantiate.h"
