@@ -142,9 +142,10 @@ def test_dropout_between_layers():
     assert_close(om(x)[0], tm(x)[0], **F32_OUT)
 
 
+@pytest.mark.parametrize("torch_gates", [False, True])
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("peep", [False, True])
-def test_lstm_gradcheck(reverse, peep):
+def test_lstm_gradcheck(reverse, peep, torch_gates):
     S, B, n_in, H = 3, 2, 3, 2
     d = torch.float64
 
@@ -155,14 +156,16 @@ def test_lstm_gradcheck(reverse, peep):
             mk(B, H), mk(B, H)]
 
     def f(x, w, r, b, p, h0, c0):
-        return ops.lstm_direction(x, w, r, b, p, h0, c0, reverse=reverse)
+        return ops.lstm_direction(x, w, r, b, p, h0, c0, reverse=reverse,
+                                  torch_gates=torch_gates)
 
     assert torch.autograd.gradcheck(f, args)
 
 
+@pytest.mark.parametrize("torch_gates", [False, True])
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("lbr", [0, 1])
-def test_gru_gradcheck(reverse, lbr):
+def test_gru_gradcheck(reverse, lbr, torch_gates):
     S, B, n_in, H = 3, 2, 3, 2
     d = torch.float64
 
@@ -172,9 +175,56 @@ def test_gru_gradcheck(reverse, lbr):
     args = [mk(S, B, n_in), mk(3 * H, n_in), mk(3 * H, H), mk(6 * H), mk(B, H)]
 
     def f(x, w, r, b, h0):
-        return ops.gru_direction(x, w, r, b, h0, linear_before_reset=lbr, reverse=reverse)
+        return ops.gru_direction(x, w, r, b, h0, linear_before_reset=lbr, reverse=reverse,
+                                 torch_gates=torch_gates)
 
     assert torch.autograd.gradcheck(f, args)
+
+
+def _blocks(t, order, H):
+    return torch.cat([t[k * H:(k + 1) * H] for k in order])
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU0", "GRU1"])
+def test_torch_gate_order_is_a_permutation_of_orts(kind):
+    """torch_gates=True on torch-ordered parameters == ORT order on the same parameters
+    permuted: outputs and every gradient (peepholes included)."""
+    torch.manual_seed(3)
+    S, B, n_in, H = 5, 3, 4, 6
+    d = torch.float64
+    gates = 4 if kind == "LSTM" else 3
+    # where each ORT block sits in torch's order
+    order = (0, 3, 1, 2) if kind == "LSTM" else (1, 0, 2)
+    bias_order = order + tuple(gates + k for k in order)
+    x = torch.randn(S, B, n_in, dtype=d)
+    w = torch.randn(gates * H, n_in, dtype=d)
+    r = torch.randn(gates * H, H, dtype=d)
+    b = torch.randn(2 * gates * H, dtype=d)
+    extra = [torch.randn(3 * H, dtype=d)] if kind == "LSTM" else []
+    states = [torch.randn(B, H, dtype=d) for _ in range(2 if kind == "LSTM" else 1)]
+    ort = [_blocks(w, order, H), _blocks(r, order, H), _blocks(b, bias_order, H)]
+
+    def run(params, torch_gates):
+        leaves = [t.clone().requires_grad_() for t in [x, *params, *extra, *states]]
+        if kind == "LSTM":
+            out = ops.lstm_direction(*leaves, reverse=True, torch_gates=torch_gates)
+        else:
+            out = ops.gru_direction(*leaves, linear_before_reset=int(kind[-1]),
+                                    torch_gates=torch_gates)
+        sum((o * (i + 1)).sum() for i, o in enumerate(out)).backward()
+        return list(out), [t.grad for t in leaves]
+
+    out_t, grads_t = run([w, r, b], True)
+    out_o, grads_o = run(ort, False)
+    for a, e in zip(out_t, out_o, strict=True):
+        assert_close(a, e, **F64)
+    # the ORT-order gradients of w, r, b back in torch's order (inverse permutation)
+    inv = tuple(sorted(range(gates), key=order.__getitem__))
+    inv_b = inv + tuple(gates + k for k in inv)
+    grads_o[1:4] = [_blocks(grads_o[1], inv, H), _blocks(grads_o[2], inv, H),
+                    _blocks(grads_o[3], inv_b, H)]
+    for a, e in zip(grads_t, grads_o, strict=True):
+        assert_close(a, e, **F64)
 
 
 def test_gradcheck_without_optional_inputs():

@@ -173,50 +173,52 @@ int ortcpu_fake_quant_grad_f64(const double *dy, const uint8_t *mask, double *dx
  * axis. LSTM: W [4H,I], R [4H,H], bias [8H] (may be NULL), peep [3H] (NULL), gate
  * order [i,o,f,c]; outputs HAll/CAll [S,B,H], iofc [S,B,4H]. GRU: W [3H,I],
  * R [3H,H], bias [6H], order [z,r,h]; outputs HAll [S,B,H], ZRH [S,B,3H].
+ * gate_order = 1 takes torch's gate orders instead (LSTM [i,f,g,o], GRU [r,z,n]) for
+ * W, R, the biases, iofc/ZRH and the gradients; peepholes stay (Pi, Po, Pf).
  * h0/c0 [B,H] may be NULL (zeros); reverse = 1 runs time backwards.
  * Backward: dhall/dhfinal/dcfinal may be NULL (zero); every output may be NULL. */
 int ortcpu_lstm_forward_f32(const float *x, const float *w, const float *r, const float *bias,
                             const float *peep, const float *h0, const float *c0, float *hall,
                             float *call, float *iofc, int64_t S, int64_t B, int64_t I,
-                            int64_t H, int reverse, int nthreads);
+                            int64_t H, int reverse, int gate_order, int nthreads);
 int ortcpu_lstm_forward_f64(const double *x, const double *w, const double *r,
                             const double *bias, const double *peep, const double *h0,
                             const double *c0, double *hall, double *call, double *iofc,
                             int64_t S, int64_t B, int64_t I, int64_t H, int reverse,
-                            int nthreads);
+                            int gate_order, int nthreads);
 int ortcpu_lstm_backward_f32(const float *x, const float *w, const float *r, const float *peep,
                              const float *h0, const float *c0, const float *hall,
                              const float *call, const float *iofc, const float *dhall,
                              const float *dhfinal, const float *dcfinal, float *dx, float *dw,
                              float *dr, float *db, float *dh0, float *dc0, float *dp,
                              int64_t S, int64_t B, int64_t I, int64_t H, int reverse,
-                             int nthreads);
+                             int gate_order, int nthreads);
 int ortcpu_lstm_backward_f64(const double *x, const double *w, const double *r,
                              const double *peep, const double *h0, const double *c0,
                              const double *hall, const double *call, const double *iofc,
                              const double *dhall, const double *dhfinal, const double *dcfinal,
                              double *dx, double *dw, double *dr, double *db, double *dh0,
                              double *dc0, double *dp, int64_t S, int64_t B, int64_t I,
-                             int64_t H, int reverse, int nthreads);
+                             int64_t H, int reverse, int gate_order, int nthreads);
 int ortcpu_gru_forward_f32(const float *x, const float *w, const float *r, const float *bias,
                            const float *h0, float *hall, float *zrh, int64_t S, int64_t B,
                            int64_t I, int64_t H, int linear_before_reset, int reverse,
-                           int nthreads);
+                           int gate_order, int nthreads);
 int ortcpu_gru_forward_f64(const double *x, const double *w, const double *r,
                            const double *bias, const double *h0, double *hall, double *zrh,
                            int64_t S, int64_t B, int64_t I, int64_t H,
-                           int linear_before_reset, int reverse, int nthreads);
+                           int linear_before_reset, int reverse, int gate_order, int nthreads);
 int ortcpu_gru_backward_f32(const float *x, const float *w, const float *r, const float *bias,
                             const float *h0, const float *hall, const float *zrh,
                             const float *dhall, const float *dhfinal, float *dx, float *dw,
                             float *dr, float *db, float *dh0, int64_t S, int64_t B, int64_t I,
-                            int64_t H, int linear_before_reset, int reverse, int nthreads);
+                            int64_t H, int linear_before_reset, int reverse, int gate_order, int nthreads);
 int ortcpu_gru_backward_f64(const double *x, const double *w, const double *r,
                             const double *bias, const double *h0, const double *hall,
                             const double *zrh, const double *dhall, const double *dhfinal,
                             double *dx, double *dw, double *dr, double *db, double *dh0,
                             int64_t S, int64_t B, int64_t I, int64_t H,
-                            int linear_before_reset, int reverse, int nthreads);
+                            int linear_before_reset, int reverse, int gate_order, int nthreads);
 
 /* ---- optimizers (spec §12) -------------------------------------------------
  * Multi-tensor: one call updates a whole parameter group, given as arrays of

@@ -6,11 +6,13 @@
  * `reverse` runs time from S-1 down to 0 (HAll[t] is still the state at time t).
  *
  * The input projection of all steps is one GEMM ([S*B, I] x [I, gates]); each step
- * adds one recurrence GEMM ([B,H] x [H, gates]) and one fused pass over the gate
- * math. The backward collects the per-step pre-activation gradients dG [S,B,gates]
- * and finishes with whole-sequence GEMMs for dX, dW, dR and the bias sums. The LSTM's
- * recurrent weights are packed once per call (gemm.h: MKL's packed GEMM where it is the
- * faster backend for the step's shape) for the S per-step GEMMs of each direction.
+ * adds one recurrence GEMM ([B,H] x [H, gates]) and the gate math (a few short passes
+ * over each row, see lstm_cell_row). The backward collects the per-step pre-activation
+ * gradients dG [S,B,gates] and finishes with whole-sequence GEMMs for dX, dW, dR and
+ * the bias sums. The recurrent weights are packed once per call (gemm.h: MKL's packed
+ * GEMM where it is the faster backend for the step's shape) for the S per-step GEMMs of
+ * each direction: the LSTM's R as one operand, the GRU's as one (linear_before_reset=1)
+ * or as its z,r rows and h rows apart (=0: the h rows multiply r*h_prev).
  */
 #include "common.h"
 #include "gemm.h"
@@ -71,6 +73,92 @@ static int rnn_blas_enter(void)
 static void rnn_blas_leave(int saved)
 {
     if (saved != 1) scipy_openblas_set_num_threads(saved);
+}
+
+/* ---- gate nonlinearities ---------------------------------------------------------
+ * The cells spend most of their non-GEMM time here. common.h's ort_sigmoid_pair_f32 /
+ * ort_tanh_f32 keep denormal results exact (a two-factor scale) and return 1 - sigma as
+ * well; gates need neither: for |z| > 87 a gate is 0 or 1 to float32 precision, so e^-|z|
+ * is capped at e^-87 and one scale factor suffices. Each is branch-free (the cells'
+ * loops vectorize at the build's ISA level), NaN propagates, |rel. error| < 2e-7. */
+static inline uint32_t rnn_f32_bits(float f)
+{
+    union { float f; uint32_t u; } v = {f};
+    return v.u;
+}
+
+static inline float rnn_bits_f32(uint32_t u)
+{
+    union { uint32_t u; float f; } v = {u};
+    return v.f;
+}
+
+/* e^-a for a >= 0 (NaN gives NaN), a capped at 87 */
+static inline float rnn_exp_neg_f32(float a)
+{
+    const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    a = 87.0f < a ? 87.0f : a;       /* min(87, a) with NaN kept */
+    float k = a * -1.44269504088896341f + magic;
+    float n = k - magic;             /* round(-a / ln2), in [-126, 0] */
+    float r = n * -0.693145751953125f - a; /* -a - n ln2, ln2 split in two parts */
+    r = n * -1.428606765330187045e-06f + r;
+    float p = 1.0f / 5040.0f;        /* e^r, Taylor to degree 7 on |r| <= ln2/2 */
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    /* 2^n from k's bits (its mantissa holds 0x400000 + n); unsigned: no overflow for NaN */
+    return p * rnn_bits_f32((rnn_f32_bits(k) - 0x4B400000u + 127u) << 23);
+}
+
+static inline float rnn_sigmoid_f32(float z)
+{
+    float e = rnn_exp_neg_f32(fabsf(z));
+    float q = 1.0f / (1.0f + e);
+    return z < 0.0f ? e * q : q;
+}
+
+/* tanh(v) = sign(v) (1 - e)/(1 + e), e = e^-2|v|; below |v| = 0.3, where 1 - e cancels,
+ * the odd Taylor polynomial through v^11 (truncation < 2e-9) */
+static inline float rnn_tanh_f32(float v)
+{
+    float a = fabsf(v);
+    float e = rnn_exp_neg_f32(2.0f * a);
+    float big = (1.0f - e) / (1.0f + e);
+    float v2 = v * v;
+    float p = -1382.0f / 155925.0f;
+    p = p * v2 + 62.0f / 2835.0f;
+    p = p * v2 - 17.0f / 315.0f;
+    p = p * v2 + 2.0f / 15.0f;
+    p = p * v2 - 1.0f / 3.0f;
+    float small = v * v2 * p + v;
+    return a < 0.3f ? small : copysignf(big, v);
+}
+
+static inline double rnn_sigmoid_f64(double z)
+{
+    double s, oms;
+    ort_sigmoid_pair_f64(z, &s, &oms);
+    return s;
+}
+
+static inline double rnn_tanh_f64(double v) { return tanh(v); }
+
+/* Gate block order of W, R, the biases and the saved gate values (gate_order argument):
+ * 0 = ORT's (LSTM [i,o,f,c], GRU [z,r,h]), 1 = torch's (LSTM [i,f,g,o], GRU [r,z,n]), so
+ * that nn.LSTM / nn.GRU pass their parameters without a reordering copy. Peepholes keep
+ * ORT's (Pi, Po, Pf) order either way; the GRU's h (torch: n) block is third in both. */
+typedef struct {
+    int64_t i, o, f, c; /* element offsets of the blocks in a row of 4H */
+} rnn_lstm_gates;
+
+static rnn_lstm_gates rnn_lstm_order(int gate_order, int64_t H)
+{
+    rnn_lstm_gates ort = {0, H, 2 * H, 3 * H}, torch = {0, 3 * H, H, 2 * H};
+    return gate_order ? torch : ort;
 }
 
 #define ORT_TEMPLATE "rnn.inc"

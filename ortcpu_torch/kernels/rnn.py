@@ -10,7 +10,10 @@ as in ORT.
 
 ``lstm_forward`` / ``lstm_backward`` / ``gru_forward`` / ``gru_backward`` are the
 single-direction entry points the autograd functions and ``nn.LSTM``/``nn.GRU`` use
-(2-D weights, 1-D biases, [B,H] states, no direction axis).
+(2-D weights, 1-D biases, [B,H] states, no direction axis). With ``torch_gates=True``
+they take torch's gate orders instead of ORT's (LSTM [i,f,g,o], GRU [r,z,n]) for the
+weights, biases, saved gate values and gradients: ``nn.LSTM``/``nn.GRU`` pass their
+parameters as they are.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ _DIRS = {"forward": (0,), "reverse": (1,), "bidirectional": (0, 1)}
 # ---- single-direction entry points ---------------------------------------------------
 
 
-def lstm_forward(x, w, r, b=None, p=None, h0=None, c0=None, reverse=False):
+def lstm_forward(x, w, r, b=None, p=None, h0=None, c0=None, reverse=False, torch_gates=False):
     """x [S,B,I], w [4H,I], r [4H,H], b [8H], p [3H], h0/c0 [B,H] (already validated,
     contiguous, one dtype). Returns (HAll [S,B,H], CAll [S,B,H], iofc [S,B,4H])."""
     S, B, n_in = x.shape
@@ -46,7 +49,7 @@ def lstm_forward(x, w, r, b=None, p=None, h0=None, c0=None, reverse=False):
     iofc = empty((S, B, 4 * H), x.dtype)
     st = native_fn("lstm_forward", x.dtype)(
         ptr(x), ptr(w), ptr(r), ptr(b), ptr(p), ptr(h0), ptr(c0), ptr(hall), ptr(call),
-        ptr(iofc), S, B, n_in, H, int(reverse), get_num_threads())
+        ptr(iofc), S, B, n_in, H, int(reverse), int(torch_gates), get_num_threads())
     check_status(st, "LSTMTraining")
     return hall, call, iofc
 
@@ -61,7 +64,7 @@ def _grad_buffers(x, H: int, gates: int, needs) -> list:
 
 
 def lstm_backward(x, w, r, p, h0, c0, hall, call, iofc, dhall, dhfinal, dcfinal,
-                  reverse=False, needs=(True,) * 7):
+                  reverse=False, needs=(True,) * 7, torch_gates=False):
     """Gradients (dX, dW, dR, dB [8H], dH0, dC0, dP [3H]) of one LSTM direction; entries
     of ``needs`` that are False come back as None. dP is the gradient at ``p`` (at zero
     peepholes when ``p`` is None, as ORT reports it)."""
@@ -74,13 +77,14 @@ def lstm_backward(x, w, r, p, h0, c0, hall, call, iofc, dhall, dhfinal, dcfinal,
     st = native_fn("lstm_backward", dt)(
         ptr(x), ptr(w), ptr(r), ptr(p), ptr(h0), ptr(c0), ptr(hall), ptr(call), ptr(iofc),
         ptr(dhall), ptr(dhfinal), ptr(dcfinal), ptr(dx), ptr(dw), ptr(dr), ptr(db), ptr(dh0),
-        ptr(dc0), ptr(dp), S, B, n_in, H, int(reverse),
+        ptr(dc0), ptr(dp), S, B, n_in, H, int(reverse), int(torch_gates),
         get_num_threads())
     check_status(st, "LSTMGrad")
     return dx, dw, dr, db, dh0, dc0, dp
 
 
-def gru_forward(x, w, r, b=None, h0=None, linear_before_reset=0, reverse=False):
+def gru_forward(x, w, r, b=None, h0=None, linear_before_reset=0, reverse=False,
+                torch_gates=False):
     """x [S,B,I], w [3H,I], r [3H,H], b [6H], h0 [B,H]. Returns (HAll, ZRH [S,B,3H])."""
     S, B, n_in = x.shape
     H = r.shape[1]
@@ -88,13 +92,13 @@ def gru_forward(x, w, r, b=None, h0=None, linear_before_reset=0, reverse=False):
     zrh = empty((S, B, 3 * H), x.dtype)
     st = native_fn("gru_forward", x.dtype)(
         ptr(x), ptr(w), ptr(r), ptr(b), ptr(h0), ptr(hall), ptr(zrh), S, B, n_in, H,
-        int(bool(linear_before_reset)), int(reverse), get_num_threads())
+        int(bool(linear_before_reset)), int(reverse), int(torch_gates), get_num_threads())
     check_status(st, "GRUTraining")
     return hall, zrh
 
 
 def gru_backward(x, w, r, b, h0, hall, zrh, dhall, dhfinal, linear_before_reset=0,
-                 reverse=False, needs=(True,) * 5):
+                 reverse=False, needs=(True,) * 5, torch_gates=False):
     """Gradients (dX, dW, dR, dB [6H], dH0) of one GRU direction."""
     S, B, n_in = x.shape
     H = r.shape[1]
@@ -103,7 +107,7 @@ def gru_backward(x, w, r, b, h0, hall, zrh, dhall, dhfinal, linear_before_reset=
     st = native_fn("gru_backward", dt)(
         ptr(x), ptr(w), ptr(r), ptr(b), ptr(h0), ptr(hall), ptr(zrh), ptr(dhall),
         ptr(dhfinal), ptr(dx), ptr(dw), ptr(dr), ptr(db), ptr(dh0), S, B, n_in, H,
-        int(bool(linear_before_reset)), int(reverse), get_num_threads())
+        int(bool(linear_before_reset)), int(reverse), int(torch_gates), get_num_threads())
     check_status(st, "GRUGrad")
     return dx, dw, dr, db, dh0
 

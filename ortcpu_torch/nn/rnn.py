@@ -3,10 +3,10 @@ GRUTraining/GRUGrad kernels.
 
 Parameters have torch's names, shapes, gate orders and initialisation (``weight_ih_l0``,
 ``weight_hh_l0``, ``bias_ih_l0``, ``bias_hh_l0``, ``..._reverse``), so state_dicts load
-either way. Inside ``forward`` the gates are reordered to ORT's ([i,f,g,o] -> [i,o,f,c]
-for LSTM, [r,z,n] -> [z,r,h] for GRU; torch's GRU is ORT's GRU with
-``linear_before_reset=1``); the reorder is differentiable, so gradients land in torch's
-layout. Not supported (clear errors): ``proj_size > 0`` and ``PackedSequence`` input.
+either way. The kernels take the parameters in torch's gate orders ([i,f,g,o] for LSTM,
+[r,z,n] for GRU, ``torch_gates=True``: no reordering copy), and torch's GRU is ORT's GRU
+with ``linear_before_reset=1``. Not supported (clear errors): ``proj_size > 0`` and
+``PackedSequence`` input.
 """
 
 from __future__ import annotations
@@ -17,13 +17,6 @@ import torch
 import torch.nn.functional as F
 
 from ..ops.rnn import gru_direction, lstm_direction
-
-_LSTM_ORDER = (0, 3, 1, 2)   # torch i,f,g,o -> ORT i,o,f,c
-_GRU_ORDER = (1, 0, 2)       # torch r,z,n -> ORT z,r,h
-
-
-def _reorder(t: torch.Tensor, order, H: int) -> torch.Tensor:
-    return torch.cat([t[k * H:(k + 1) * H] for k in order])
 
 
 class _RNNBase(torch.nn.Module):
@@ -127,16 +120,14 @@ class _RNNBase(torch.nn.Module):
             raise TypeError(f"{name}: {which} dtype {h.dtype} must match input {x.dtype}")
         return [h[k].contiguous() for k in range(n)]
 
-    def _weights(self, layer, d, order):
+    def _weights(self, layer, d):
+        """Parameters of one layer and direction in torch's gate order (the kernels take
+        it as is: ``torch_gates=True``), the two biases as one."""
         sfx = f"_l{layer}" + ("_reverse" if d else "")
-        H = self.hidden_size
-        w = _reorder(getattr(self, "weight_ih" + sfx), order, H)
-        r = _reorder(getattr(self, "weight_hh" + sfx), order, H)
         b = None
         if self.bias:
-            b = torch.cat([_reorder(getattr(self, "bias_ih" + sfx), order, H),
-                           _reorder(getattr(self, "bias_hh" + sfx), order, H)])
-        return w, r, b
+            b = torch.cat([getattr(self, "bias_ih" + sfx), getattr(self, "bias_hh" + sfx)])
+        return getattr(self, "weight_ih" + sfx), getattr(self, "weight_hh" + sfx), b
 
     def _run(self, x, states):
         """x [S,B,I]; states: list per (layer*D + d) of state tuples or None."""
@@ -167,9 +158,9 @@ class LSTM(_RNNBase):
     _mode = "LSTM"
 
     def _cell(self, x, layer, d, st):
-        w, r, b = self._weights(layer, d, _LSTM_ORDER)
+        w, r, b = self._weights(layer, d)
         h0, c0 = (None, None) if st is None else st
-        return lstm_direction(x, w, r, b, None, h0, c0, reverse=bool(d))
+        return lstm_direction(x, w, r, b, None, h0, c0, reverse=bool(d), torch_gates=True)
 
     def forward(self, input, hx=None):
         x, batched = self._prep(input)
@@ -200,8 +191,9 @@ class GRU(_RNNBase):
         super().__init__(*args, **kwargs)
 
     def _cell(self, x, layer, d, st):
-        w, r, b = self._weights(layer, d, _GRU_ORDER)
-        return gru_direction(x, w, r, b, st, linear_before_reset=1, reverse=bool(d))
+        w, r, b = self._weights(layer, d)
+        return gru_direction(x, w, r, b, st, linear_before_reset=1, reverse=bool(d),
+                             torch_gates=True)
 
     def forward(self, input, hx=None):
         x, batched = self._prep(input)

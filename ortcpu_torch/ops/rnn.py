@@ -5,7 +5,9 @@ b [8H] (Wb then Rb), p [3H] peepholes (Pi, Po, Pf), h0/c0 [B,H]; gate order [i,o
 Returns (HAll [S,B,H], h_n [B,H], c_n [B,H]); backward is LSTMGrad (exact through the
 peepholes). ``gru_direction(x, w, r, b, h0, linear_before_reset, reverse)``: w [3H,I],
 r [3H,H], b [6H]; gate order [z,r,h]; returns (HAll, h_n); backward is GRUGrad.
-Optional arguments may be None. ``nn.LSTM`` / ``nn.GRU`` map torch's layouts onto these.
+Optional arguments may be None. ``torch_gates=True``: w, r, b (and their gradients) are
+in torch's gate orders instead (LSTM [i,f,g,o], GRU [r,z,n]), as ``nn.LSTM`` / ``nn.GRU``
+hold them.
 """
 
 from __future__ import annotations
@@ -50,13 +52,13 @@ def _check(op, x, w, r, b, gates, extra):
 
 class _LSTMDir(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w, r, b, p, h0, c0, reverse):
+    def forward(ctx, x, w, r, b, p, h0, c0, reverse, torch_gates):
         ctx.set_materialize_grads(False)
         x, w, r, (b, p, h0, c0) = _check(
             "lstm", x, w, r, b, 4,
             [("p", p, lambda B, H: (3 * H,)), ("h0", h0, lambda B, H: (B, H)),
              ("c0", c0, lambda B, H: (B, H))])
-        hall, call, iofc = K.lstm_forward(x, w, r, b, p, h0, c0, reverse)
+        hall, call, iofc = K.lstm_forward(x, w, r, b, p, h0, c0, reverse, torch_gates)
         S = x.shape[0]
         last = 0 if reverse else S - 1
         if S:
@@ -65,7 +67,7 @@ class _LSTMDir(torch.autograd.Function):
             hn = h0.clone() if h0 is not None else x.new_zeros(x.shape[1], r.shape[1])
             cn = c0.clone() if c0 is not None else x.new_zeros(x.shape[1], r.shape[1])
         ctx.save_for_backward(x, w, r, p, h0, c0, hall, call, iofc)
-        ctx.reverse, ctx.has_b = reverse, b is not None
+        ctx.reverse, ctx.has_b, ctx.torch_gates = reverse, b is not None, torch_gates
         return hall, hn, cn
 
     @staticmethod
@@ -81,26 +83,27 @@ class _LSTMDir(torch.autograd.Function):
                     torch.zeros_like(r) if needs[2] else None,
                     x.new_zeros(8 * r.shape[1]) if needs[3] else None,
                     torch.zeros_like(p) if needs[6] else None,
-                    dhn if needs[4] else None, dcn if needs[5] else None, None)
+                    dhn if needs[4] else None, dcn if needs[5] else None, None, None)
         c = [None if t is None else t.contiguous() for t in (dhall, dhn, dcn)]
         dx, dw, dr, db, dh0, dc0, dp = K.lstm_backward(
-            x, w, r, p, h0, c0, hall, call, iofc, c[0], c[1], c[2], ctx.reverse, needs)
-        return dx, dw, dr, db, dp, dh0, dc0, None
+            x, w, r, p, h0, c0, hall, call, iofc, c[0], c[1], c[2], ctx.reverse, needs,
+            ctx.torch_gates)
+        return dx, dw, dr, db, dp, dh0, dc0, None, None
 
 
 class _GRUDir(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w, r, b, h0, linear_before_reset, reverse):
+    def forward(ctx, x, w, r, b, h0, linear_before_reset, reverse, torch_gates):
         ctx.set_materialize_grads(False)
         x, w, r, (b, h0) = _check("gru", x, w, r, b, 3, [("h0", h0, lambda B, H: (B, H))])
-        hall, zrh = K.gru_forward(x, w, r, b, h0, linear_before_reset, reverse)
+        hall, zrh = K.gru_forward(x, w, r, b, h0, linear_before_reset, reverse, torch_gates)
         S = x.shape[0]
         if S:
             hn = hall[0 if reverse else S - 1].clone()
         else:
             hn = h0.clone() if h0 is not None else x.new_zeros(x.shape[1], r.shape[1])
         ctx.save_for_backward(x, w, r, b, h0, hall, zrh)
-        ctx.reverse, ctx.lbr = reverse, linear_before_reset
+        ctx.reverse, ctx.lbr, ctx.torch_gates = reverse, linear_before_reset, torch_gates
         return hall, hn
 
     @staticmethod
@@ -114,22 +117,26 @@ class _GRUDir(torch.autograd.Function):
                     torch.zeros_like(w) if needs[1] else None,
                     torch.zeros_like(r) if needs[2] else None,
                     torch.zeros_like(b) if needs[3] else None,
-                    dhn if needs[4] else None, None, None)
+                    dhn if needs[4] else None, None, None, None)
         c = [None if t is None else t.contiguous() for t in (dhall, dhn)]
         dx, dw, dr, db, dh0 = K.gru_backward(x, w, r, b, h0, hall, zrh, c[0], c[1], ctx.lbr,
-                                             ctx.reverse, needs)
-        return dx, dw, dr, db, dh0, None, None
+                                             ctx.reverse, needs, ctx.torch_gates)
+        return dx, dw, dr, db, dh0, None, None, None
 
 
-def lstm_direction(x, w, r, b=None, p=None, h0=None, c0=None, reverse: bool = False):
+def lstm_direction(x, w, r, b=None, p=None, h0=None, c0=None, reverse: bool = False,
+                   torch_gates: bool = False):
     """One LSTM direction in ORT's layout (see the module docstring)."""
-    return _LSTMDir.apply(x, w, r, b, p, h0, c0, bool_arg("lstm_direction", "reverse", reverse))
+    op = "lstm_direction"
+    return _LSTMDir.apply(x, w, r, b, p, h0, c0, bool_arg(op, "reverse", reverse),
+                          bool_arg(op, "torch_gates", torch_gates))
 
 
 def gru_direction(x, w, r, b=None, h0=None, linear_before_reset: int = 0,
-                  reverse: bool = False):
+                  reverse: bool = False, torch_gates: bool = False):
     """One GRU direction in ORT's layout (see the module docstring)."""
     op = "gru_direction"
     return _GRUDir.apply(x, w, r, b, h0, int(bool_arg(op, "linear_before_reset",
                                                       linear_before_reset)),
-                         bool_arg(op, "reverse", reverse))
+                         bool_arg(op, "reverse", reverse),
+                         bool_arg(op, "torch_gates", torch_gates))
