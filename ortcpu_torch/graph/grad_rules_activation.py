@@ -112,11 +112,11 @@ def _hard_sigmoid(ctx, node, dy, needs):  # alpha inside the linear piece (torch
 
 
 @grad_rule("HardSwish")
-def _hard_swish(ctx, node, dy, needs):  # torch: 0 below -3, (2x + 3)/6 up to 3, 1 above
+def _hard_swish(ctx, node, dy, needs):  # torch: 0 up to -3, (2x + 3)/6 inside, 1 from 3 on
     x = node.input[0]
     slope = ctx.op("Add", ctx.mul_scalar(x, 1.0 / 3.0, x), ctx.scalar(0.5, x))
-    slope = ctx.op("Where", ctx.op("Less", x, ctx.scalar(-3.0, x)), ctx.scalar(0.0, x),
-                   ctx.op("Where", ctx.op("LessOrEqual", x, ctx.scalar(3.0, x)), slope,
+    slope = ctx.op("Where", ctx.op("LessOrEqual", x, ctx.scalar(-3.0, x)), ctx.scalar(0.0, x),
+                   ctx.op("Where", ctx.op("Less", x, ctx.scalar(3.0, x)), slope,
                           ctx.scalar(1.0, x)))
     return [ctx.named(ctx.op("Mul", dy[0], slope), x)]
 

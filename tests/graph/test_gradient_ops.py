@@ -137,6 +137,13 @@ def test_unary(op, fn, domain):
     run_case([N(op, ["x"], ["y"])], "y", [3, 5], {"x": x}, ["x"], fn)
 
 
+def test_hard_swish_gradient_at_its_kinks_is_torchs():
+    """torch's slope is 0 at exactly -3 and 1 at exactly 3 (the outer pieces' slopes)."""
+    x = np.array([[-3.0, 3.0, -4.0, 4.0, 0.0], [1.5, -1.5, -2.999, 2.999, -3.001]],
+                 dtype=np.float32)
+    run_case([N("HardSwish", ["x"], ["y"])], "y", [2, 5], {"x": x}, ["x"], lambda x: F.hardswish(x))
+
+
 @pytest.mark.parametrize("op,fn", [
     ("Gelu", lambda x: F.gelu(x)), ("QuickGelu", lambda x: x * torch.sigmoid(1.702 * x)),
     ("FastGelu", lambda x: F.gelu(x, approximate="tanh"))])
