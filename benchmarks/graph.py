@@ -1,7 +1,8 @@
 """Graph executor vs onnxruntime 1.19.2, side by side in one process (2 threads each;
 ORT with ``session.intra_op.allow_spinning = 0``, since its spinning pool threads starve
-everything else in the process on 2 cores; ours, for the same reason, with OpenMP's
-``OMP_WAIT_POLICY=PASSIVE`` unless ``--spin`` is given: benchmarks/_omp_passive.py).
+everything else in the process on 2 cores; ours with OpenMP's default wait, what a user
+gets, or ``OMP_WAIT_POLICY=PASSIVE`` with ``--passive`` for a loaded machine:
+benchmarks/_omp_passive.py).
 
 - per-node cost: a chain of 200 ``Add`` on 1-element tensors (µs per node, ours and ORT;
   "beyond kernels" subtracts the same 200 torch.add calls made directly);
@@ -12,13 +13,13 @@ everything else in the process on 2 cores; ours, for the same reason, with OpenM
 Each case alternates the two sides, ``--reps`` rounds, and reports medians. The machine is
 shared: the foreign CPU load during the run is printed with the results.
 
-    python -m benchmarks.graph [--quick] [--reps N] [--threads N] [--cpu-time] [--spin]
+    python -m benchmarks.graph [--quick] [--reps N] [--threads N] [--cpu-time] [--passive]
                                [filter ...]
 """
 
 from __future__ import annotations
 
-# first, before torch loads libgomp: OpenMP's passive wait policy (unless --spin)
+# first, before torch loads libgomp: OpenMP's passive wait policy (with --passive)
 from benchmarks._omp_passive import policy as omp_policy
 
 OMP_POLICY = omp_policy()
@@ -258,8 +259,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="few repetitions, batch 1 only")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--spin", action="store_true",
-                    help="keep OpenMP's default spin-then-sleep wait (ours)")
+    ap.add_argument("--passive", action="store_true",
+                    help="OpenMP's passive wait policy for ours (for a loaded machine; the "
+                         "default is OpenMP's spin-then-sleep, what a user gets)")
     ap.add_argument("--cpu-time", action="store_true",
                     help="time with process CPU time instead of wall time (loaded machine)")
     ap.add_argument("filter", nargs="*", help="run only cases whose name contains one of these")

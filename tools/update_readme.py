@@ -35,6 +35,7 @@ BENCH_SECTIONS = {
     "models-benchmarks": ("models.md", "python -m benchmarks.models"),
     "overhead-benchmarks": ("overhead.md", "python -m benchmarks.overhead"),
     "gemm-peak": ("gemm_peak.md", "python -m benchmarks.gemm_peak"),
+    "graph-benchmarks": ("graph.md", "python -m benchmarks.graph"),
     "distributed-benchmarks": ("distributed.md", "make bench-distributed"),
 }
 
