@@ -65,13 +65,9 @@ static inline float ort_round_small_f32(float v)
     return (v + magic) - magic;
 }
 
-/* Range reduction x = n ln2 + r, |r| <= ln2/2, and e^r by Taylor to degree 7
- * (truncation < 6e-9 relative); n is returned as a float. */
-static inline float ort_exp_reduced_f32(float x, float *n_out)
+/* e^r by Taylor to degree 7, for |r| <= ln2/2 (truncation < 6e-9 relative). */
+static inline float ort_exp_taylor7_f32(float r)
 {
-    float n = ort_round_small_f32(x * 1.44269504088896341f);
-    float r = x - n * 0.693145751953125f;      /* ln2 split in two parts */
-    r = r - n * 1.428606765330187045e-06f;
     float p = 1.0f / 5040.0f;
     p = p * r + 1.0f / 720.0f;
     p = p * r + 1.0f / 120.0f;
@@ -79,9 +75,18 @@ static inline float ort_exp_reduced_f32(float x, float *n_out)
     p = p * r + 1.0f / 6.0f;
     p = p * r + 0.5f;
     p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    return p * r + 1.0f;
+}
+
+/* Range reduction x = n ln2 + r, |r| <= ln2/2, and e^r by Taylor to degree 7
+ * (truncation < 6e-9 relative); n is returned as a float. */
+static inline float ort_exp_reduced_f32(float x, float *n_out)
+{
+    float n = ort_round_small_f32(x * 1.44269504088896341f);
+    float r = x - n * 0.693145751953125f;      /* ln2 split in two parts */
+    r = r - n * 1.428606765330187045e-06f;
     *n_out = n;
-    return p;
+    return ort_exp_taylor7_f32(r);
 }
 
 /* e^x; < 1 ulp on the polynomial, overflow -> inf, gradual underflow -> 0. */

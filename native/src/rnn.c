@@ -102,14 +102,7 @@ static inline float rnn_exp_neg_f32(float a)
     float n = k - magic;             /* round(-a / ln2), in [-126, 0] */
     float r = n * -0.693145751953125f - a; /* -a - n ln2, ln2 split in two parts */
     r = n * -1.428606765330187045e-06f + r;
-    float p = 1.0f / 5040.0f;        /* e^r, Taylor to degree 7 on |r| <= ln2/2 */
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    float p = ort_exp_taylor7_f32(r);
     /* 2^n from k's bits (its mantissa holds 0x400000 + n); unsigned: no overflow for NaN */
     return p * rnn_bits_f32((rnn_f32_bits(k) - 0x4B400000u + 127u) << 23);
 }

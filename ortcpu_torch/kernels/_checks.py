@@ -93,12 +93,7 @@ def float_check(op: str, name: str, t, dtypes=FLOATS, min_rank: int = 0) -> torc
 
 def float_input(op: str, name: str, t, dtypes=FLOATS, min_rank: int = 0) -> torch.Tensor:
     """``t`` as a contiguous CPU tensor of one of ``dtypes``, or a clear error."""
-    t = cpu_tensor(op, name, t)
-    if t.dtype not in dtypes:
-        allowed = " or ".join(str(d).replace("torch.", "") for d in dtypes)
-        raise TypeError(f"{op}: {name} must be {allowed}, got {str(t.dtype).replace('torch.', '')}")
-    if t.dim() < min_rank:
-        raise ValueError(f"{op}: {name} must have rank >= {min_rank}, got shape {fmt_shape(t)}")
+    t = float_check(op, name, t, dtypes, min_rank)
     return t if t.is_contiguous() else t.contiguous()
 
 

@@ -233,10 +233,11 @@ class _Hard(torch.autograd.Function):
         return K.hard_backward(ctx.op, ctx.kind, dy, x, ctx.a, ctx.b), None, None, None, None
 
 
-class _HardInplace(torch.autograd.Function):
+class _HardInplace(_Hard):
     """In-place HardSigmoid / HardSwish / hardtanh: the result overwrites the input (marked
-    dirty). hardtanh's mask ``min < X < max`` is ``min < Y < max``, so its backward reads
-    the output; HardSigmoid / HardSwish keep a copy of X, as torch does."""
+    dirty). hardtanh's mask ``min < X < max`` is ``min < Y < max``, so its backward (the
+    inherited one) reads the output; HardSigmoid / HardSwish keep a copy of X, as torch
+    does."""
 
     @staticmethod
     def forward(ctx, x, kind: str, a: float, b: float, op: str):
@@ -254,12 +255,6 @@ class _HardInplace(torch.autograd.Function):
         ctx.save_for_backward(saved)
         ctx.kind, ctx.a, ctx.b, ctx.op = kind, a, b, op
         return x
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dy):
-        (xy,) = ctx.saved_tensors
-        return K.hard_backward(ctx.op, ctx.kind, dy, xy, ctx.a, ctx.b), None, None, None, None
 
 
 def _hard(op: str, kind: str, input, a: float, b: float, inplace) -> torch.Tensor:
