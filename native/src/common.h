@@ -172,20 +172,27 @@ static inline void ort_sigmoid_pair_f64(double z, double *s, double *one_minus_s
     *one_minus_s = e > 1e300 ? 1.0 : e * sv;
 }
 
-/* tanh(v) = sign(v) (1 - 2 sigma(-2|v|)); below |v| = 0.3 the odd Taylor
- * polynomial (through v^11, truncation < 2e-9), where 1 - 2 sigma cancels. */
-static inline float ort_tanh_f32(float v)
+/* tanh(v) for |v| < 0.3: the odd Taylor polynomial through v^11 (truncation < 2e-9),
+ * used where the exp-based formulas cancel. */
+static inline float ort_tanh_small_f32(float v)
 {
-    float a = fabsf(v), s, oms;
-    ort_sigmoid_pair_f32(2.0f * a, &s, &oms);
-    float big = 1.0f - 2.0f * oms;
     float v2 = v * v;
     float p = -1382.0f / 155925.0f;
     p = p * v2 + 62.0f / 2835.0f;
     p = p * v2 - 17.0f / 315.0f;
     p = p * v2 + 2.0f / 15.0f;
     p = p * v2 - 1.0f / 3.0f;
-    float small = v + v * v2 * p;
+    return v + v * v2 * p;
+}
+
+/* tanh(v) = sign(v) (1 - 2 sigma(-2|v|)); below |v| = 0.3 the odd Taylor
+ * polynomial, where 1 - 2 sigma cancels. */
+static inline float ort_tanh_f32(float v)
+{
+    float a = fabsf(v), s, oms;
+    ort_sigmoid_pair_f32(2.0f * a, &s, &oms);
+    float big = 1.0f - 2.0f * oms;
+    float small = ort_tanh_small_f32(v);
     float r = a < 0.3f ? small : (v < 0.0f ? -big : big);
     return v != v ? v : r;
 }

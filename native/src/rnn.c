@@ -121,14 +121,7 @@ static inline float rnn_tanh_f32(float v)
     float a = fabsf(v);
     float e = rnn_exp_neg_f32(2.0f * a);
     float big = (1.0f - e) / (1.0f + e);
-    float v2 = v * v;
-    float p = -1382.0f / 155925.0f;
-    p = p * v2 + 62.0f / 2835.0f;
-    p = p * v2 - 17.0f / 315.0f;
-    p = p * v2 + 2.0f / 15.0f;
-    p = p * v2 - 1.0f / 3.0f;
-    float small = v * v2 * p + v;
-    return a < 0.3f ? small : copysignf(big, v);
+    return a < 0.3f ? ort_tanh_small_f32(v) : copysignf(big, v);
 }
 
 static inline double rnn_sigmoid_f64(double z)
