@@ -189,8 +189,9 @@ def main(argv=None) -> None:
               f"  {row['signatures_on_torch']}/{row['signatures']}", flush=True)
     fl = load.report()
     machine["foreign_load"] = fl
+    busy = ": ratios on a loaded machine" if fl["foreign_share"] > 0.1 else ""
     print(f"\nother processes used {100 * fl['foreign_share']:.1f}% of the machine's CPU time "
-          f"({fl['foreign_cpu_s']} CPU-s in {fl['wall_s']} s): ratios on a loaded machine")
+          f"({fl['foreign_cpu_s']} CPU-s in {fl['wall_s']} s){busy}")
     md = [f"Training step (forward + backward + AdamW), {args.threads} threads, "
           f"{machine['cpu']} ({machine['isa']}), torch {machine['torch']}; ratio = torch ms / "
           f"ours ms (> 1: ours faster); other processes used "
