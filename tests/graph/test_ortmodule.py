@@ -215,3 +215,33 @@ def test_transformer_encoder_layer_with_dropout_matches_eager():
     torch.testing.assert_close(out[1], exp[1], rtol=1e-5, atol=5e-6)
     _assert_same_state(model, ref)
     assert len(next(iter(om._cache.values())).graph.dropout_masks) == 4
+
+
+def test_padded_max_pools_whose_input_gradient_has_several_contributions():
+    """Padded, strided and ceil_mode MaxPools (not the 2x2 rewrite) on one value that also
+    feeds a residual: each MaxPoolGrad's output shape comes from value_info and the
+    gradients are summed."""
+    import torch.nn.functional as F
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+
+        def forward(self, x):
+            h = self.conv(x)
+            pooled = F.max_pool2d(h, 3, 1, 1) + h
+            return (pooled.square().mean() + F.max_pool2d(h, 3, 2, 1).sum()
+                    + F.max_pool2d(torch.relu(h), 3, 2, 1, ceil_mode=True).sum())
+
+    torch.manual_seed(0)
+    model, x = Block().double(), torch.randn(2, 3, 9, 9, dtype=torch.float64)
+    want = model(x)
+    want.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    got = ORTModule(model, fallback="error")(x)
+    got.backward()
+    torch.testing.assert_close(got, want)
+    for p, g in zip(model.parameters(), grads, strict=True):
+        torch.testing.assert_close(p.grad, g)
