@@ -1,0 +1,730 @@
+"""Our kernels as ``torch.library`` custom ops (namespace ``ortcpu``), so that
+``torch.compile`` (Dynamo, AOTAutograd, Inductor) keeps them in the compiled graph as
+opaque calls: each op has a fake (meta) implementation giving its output shapes, and each
+forward op an autograd formula (``register_autograd``) whose backward is another custom op
+running ORT's gradient kernel. ``wrap()`` routes the supported functionals to these ops
+while Dynamo traces (``wrap/compiled.py``); eager code keeps using the
+``autograd.Function``s of ``ops`` (a dispatcher round trip costs more than they do).
+
+Op pairs (forward -> backward), all float32/float64 CPU:
+
+==================================  ==========================================
+``ortcpu::linear(x, w, b?)``        ``linear_backward`` (dX, dW, db as asked)
+``ortcpu::gelu(x, approximate)``    ``gelu_backward`` (GeluGrad / FastGeluGrad)
+``ortcpu::act(x, kind, alpha)``     ``act_backward`` (Relu, QuickGelu = SiLU, LeakyRelu)
+``ortcpu::hard(x, kind, a, b)``     ``hard_backward`` (HardSigmoid/HardSwish/hardtanh)
+``ortcpu::softmax(x, dim, log)``    ``softmax_backward`` (from the output)
+``ortcpu::layer_norm``              ``layer_norm_backward`` (LayerNorm and RMSNorm)
+``ortcpu::batch_norm``              ``batch_norm_backward``; ``batch_norm_update_stats``
+                                    updates the running statistics in place
+``ortcpu::cross_entropy``           ``cross_entropy_backward`` (class-index targets)
+``ortcpu::conv``                    ``conv_backward`` (1-3 spatial dims, groups)
+``ortcpu::max_pool``                ``max_pool_backward`` (from int64 indices)
+``ortcpu::avg_pool``                ``avg_pool_backward``
+``ortcpu::global_avg_pool``         ``global_avg_pool_backward``
+==================================  ==========================================
+
+Gradients a backward op is not asked for (``mask``) come back as empty tensors and
+become ``None`` for autograd. Every output is a tensor of its own (never an input or a
+view of one), as custom ops require. Double backward is not supported: the backward ops
+have no autograd formula of their own, so differentiating them raises.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.library import custom_op, register_fake
+
+from .._native.arena import reshaped
+from ..kernels import activations as KA
+from ..kernels import batchnorm as KB
+from ..kernels import conv as KC
+from ..kernels import gemm as KG
+from ..kernels import loss as KL
+from ..kernels import norm as KN
+from ..kernels import pool as KP
+from ..kernels import tensor as KT
+
+NS = "ortcpu"
+
+#: forward ops traced into a compiled graph in this process, by name: counted by the fake
+#: implementations, which run while torch.compile traces and never at run time
+TRACED: Counter = Counter()
+
+
+
+def _fresh(t: Tensor, inputs) -> Tensor:
+    """``t``, or a copy when it is (a view of) one of ``inputs``: a custom op may not
+    return its inputs."""
+    for i in inputs:
+        if i is not None and t.untyped_storage().data_ptr() == i.untyped_storage().data_ptr():
+            return t.clone()
+    return t
+
+
+def _nothing(like: Tensor) -> Tensor:
+    return like.new_empty((0,))
+
+
+def _grads(mask, *pairs):
+    """``(grad or None)`` per input: None where not asked for."""
+    return tuple(g if m else None for m, g in zip(mask, pairs, strict=True))
+
+
+# ---- linear ------------------------------------------------------------------------------
+
+
+@custom_op(f"{NS}::linear", mutates_args=())
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``x·weightᵀ + bias`` (torch.nn.functional.linear) on our GEMM."""
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    y = KG.gemm(x2, weight.contiguous(), None if bias is None else bias.contiguous(),
+                trans_b=True, op="linear")
+    return reshaped(y, (*x.shape[:-1], weight.shape[0]))
+
+
+@register_fake(f"{NS}::linear")
+def _(x, weight, bias):
+    TRACED["linear"] += 1
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@custom_op(f"{NS}::linear_backward", mutates_args=())
+def linear_backward(dy: Tensor, x: Tensor, weight: Tensor,
+                    mask: Sequence[bool]) -> tuple[Tensor, Tensor, Tensor]:
+    """(dX, dW, db) of ``linear``; the ones ``mask`` does not ask for are empty."""
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()
+    w = weight.contiguous()
+    dx = reshaped(KG.gemm(dy2, w, op="linear"), x.shape) if mask[0] else _nothing(x)
+    dw = KG.gemm(dy2, x2, trans_a=True, op="linear") if mask[1] else _nothing(x)
+    db = KT.sum_axis(dy2, 0, "linear", keepdim=False) if mask[2] else _nothing(x)
+    return dx, dw, db
+
+
+@register_fake(f"{NS}::linear_backward")
+def _(dy, x, weight, mask):
+    return (x.new_empty(x.shape) if mask[0] else _nothing(x),
+            x.new_empty(weight.shape) if mask[1] else _nothing(x),
+            x.new_empty((weight.shape[0],)) if mask[2] else _nothing(x))
+
+
+def _linear_setup(ctx, inputs, output):
+    x, weight, bias = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.has_bias = bias is not None
+
+
+def _linear_bwd(ctx, dy):
+    x, weight = ctx.saved_tensors
+    mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1],
+            ctx.has_bias and ctx.needs_input_grad[2]]
+    return _grads(mask, *linear_backward(dy, x, weight, mask))
+
+
+linear.register_autograd(_linear_bwd, setup_context=_linear_setup)
+
+
+# ---- GELU and pointwise activations --------------------------------------------------------
+
+
+@custom_op(f"{NS}::gelu", mutates_args=())
+def gelu(x: Tensor, approximate: int) -> Tensor:
+    """GELU (``approximate`` 0: erf, 1: tanh) on ORT's Gelu / FastGelu kernels."""
+    return KA.gelu_forward_core("gelu", x.contiguous(), None, approximate)
+
+
+@register_fake(f"{NS}::gelu")
+def _(x, approximate):
+    TRACED["gelu"] += 1
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@custom_op(f"{NS}::gelu_backward", mutates_args=())
+def gelu_backward(dy: Tensor, x: Tensor, approximate: int) -> Tensor:
+    return KA.gelu_backward_core("gelu", dy.contiguous(), x.contiguous(), None, approximate,
+                                 False)[0]
+
+
+@register_fake(f"{NS}::gelu_backward")
+def _(dy, x, approximate):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _save_x(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+    ctx.args = inputs[1:]
+
+
+gelu.register_autograd(lambda ctx, dy: (gelu_backward(dy, ctx.saved_tensors[0], *ctx.args),
+                                        None), setup_context=_save_x)
+
+_ACT_KINDS = ("Relu", "QuickGelu", "LeakyRelu")
+
+
+@custom_op(f"{NS}::act", mutates_args=())
+def act(x: Tensor, kind: str, alpha: float) -> Tensor:
+    """``kind`` in Relu, QuickGelu (``x·sigmoid(alpha·x)``; SiLU is alpha 1), LeakyRelu."""
+    if kind not in _ACT_KINDS:
+        raise ValueError(f"ortcpu::act: kind must be one of {_ACT_KINDS}, got {kind!r}")
+    return KA.act_forward(kind, x.contiguous(), alpha)
+
+
+@register_fake(f"{NS}::act")
+def _(x, kind, alpha):
+    TRACED[f"act[{kind}]"] += 1
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@custom_op(f"{NS}::act_backward", mutates_args=())
+def act_backward(dy: Tensor, x: Tensor, kind: str, alpha: float) -> Tensor:
+    # the gradient from the forward input X (LeakyReluGrad tested on X: torch's rule)
+    return KA.act_backward(kind + "Grad", kind, dy.contiguous(), x.contiguous(), "X", alpha)
+
+
+@register_fake(f"{NS}::act_backward")
+def _(dy, x, kind, alpha):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+act.register_autograd(lambda ctx, dy: (act_backward(dy, ctx.saved_tensors[0], *ctx.args),
+                                       None, None), setup_context=_save_x)
+
+_HARD_KINDS = ("HardSigmoid", "HardSwish", "hardtanh")
+
+
+@custom_op(f"{NS}::hard", mutates_args=())
+def hard(x: Tensor, kind: str, a: float, b: float) -> Tensor:
+    """HardSigmoid ``clamp(a·x + b, 0, 1)``, HardSwish ``x·clamp(a·x + b, 0, 1)`` or
+    hardtanh ``clamp(x, a, b)``."""
+    if kind not in _HARD_KINDS:
+        raise ValueError(f"ortcpu::hard: kind must be one of {_HARD_KINDS}, got {kind!r}")
+    return KA.hard_forward(kind, kind, x.contiguous(), a, b)
+
+
+@register_fake(f"{NS}::hard")
+def _(x, kind, a, b):
+    TRACED[f"hard[{kind}]"] += 1
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@custom_op(f"{NS}::hard_backward", mutates_args=())
+def hard_backward(dy: Tensor, x: Tensor, kind: str, a: float, b: float) -> Tensor:
+    return KA.hard_backward(kind, kind, dy.contiguous(), x.contiguous(), a, b)
+
+
+@register_fake(f"{NS}::hard_backward")
+def _(dy, x, kind, a, b):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+hard.register_autograd(lambda ctx, dy: (hard_backward(dy, ctx.saved_tensors[0], *ctx.args),
+                                        None, None, None), setup_context=_save_x)
+
+
+# ---- softmax -------------------------------------------------------------------------------
+
+
+@custom_op(f"{NS}::softmax", mutates_args=())
+def softmax(x: Tensor, dim: int, log: bool) -> Tensor:
+    """Softmax (``log``: log-softmax) along ``dim`` (ORT Softmax-13 / LogSoftmax-13)."""
+    return KA.softmax_forward("log_softmax" if log else "softmax", x.contiguous(), dim, log)
+
+
+@register_fake(f"{NS}::softmax")
+def _(x, dim, log):
+    TRACED["log_softmax" if log else "softmax"] += 1
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@custom_op(f"{NS}::softmax_backward", mutates_args=())
+def softmax_backward(dy: Tensor, y: Tensor, dim: int, log: bool) -> Tensor:
+    """dX from the forward's output Y (SoftmaxGrad_13 / LogSoftmaxGrad_13)."""
+    return KA.softmax_backward("softmax", dy.contiguous(), y.contiguous(), dim, log, False)
+
+
+@register_fake(f"{NS}::softmax_backward")
+def _(dy, y, dim, log):
+    return torch.empty_like(y, memory_format=torch.contiguous_format)
+
+
+def _softmax_setup(ctx, inputs, output):
+    ctx.save_for_backward(output)
+    ctx.dim, ctx.log = inputs[1], inputs[2]
+
+
+softmax.register_autograd(
+    lambda ctx, dy: (softmax_backward(dy, ctx.saved_tensors[0], ctx.dim, ctx.log), None, None),
+    setup_context=_softmax_setup)
+
+
+# ---- LayerNorm / RMSNorm -------------------------------------------------------------------
+
+
+@custom_op(f"{NS}::layer_norm", mutates_args=())
+def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, ndim: int, eps: float,
+               simplified: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(y, mean, inv_std) of LayerNorm over the last ``ndim`` dims (``simplified``: RMSNorm,
+    mean empty). mean / inv_std have one element per row."""
+    op = "rms_norm" if simplified else "layer_norm"
+    w = None if weight is None else weight.contiguous().view(-1)
+    b = None if bias is None else bias.contiguous().view(-1)
+    y, mean, inv = KN.layernorm_forward(op, x.contiguous(), w, b, eps, -ndim, simplified,
+                                        names=("input", "weight", "bias"))
+    return y, (_nothing(x) if mean is None else mean), inv
+
+
+def _rows(x, ndim):
+    return math.prod(x.shape[:x.dim() - ndim])
+
+
+@register_fake(f"{NS}::layer_norm")
+def _(x, weight, bias, ndim, eps, simplified):
+    TRACED["rms_norm" if simplified else "layer_norm"] += 1
+    rows = _rows(x, ndim)
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            _nothing(x) if simplified else x.new_empty((rows,)), x.new_empty((rows,)))
+
+
+@custom_op(f"{NS}::layer_norm_backward", mutates_args=())
+def layer_norm_backward(dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor,
+                        inv: Tensor, ndim: int, simplified: bool,
+                        mask: Sequence[bool]) -> tuple[Tensor, Tensor, Tensor]:
+    """(dX, dweight, dbias) in one pass (LayerNormalizationGrad /
+    SimplifiedLayerNormalizationGrad); dweight/dbias in the normalized shape."""
+    op = "rms_norm" if simplified else "layer_norm"
+    w = None if weight is None else weight.contiguous().view(-1)
+    dx, dw, db = KN.layernorm_backward(
+        op, dy.contiguous(), x.contiguous(), w, None, None if simplified else mean, inv,
+        1 if simplified else 0, -ndim, need_dscale=bool(mask[1]),
+        need_dbias=bool(mask[2]), names=("grad_output", "input"))
+    shp = x.shape[x.dim() - ndim:]
+    return (dx if mask[0] else _nothing(x),
+            reshaped(dw, shp) if dw is not None else _nothing(x),
+            reshaped(db, shp) if db is not None else _nothing(x))
+
+
+@register_fake(f"{NS}::layer_norm_backward")
+def _(dy, x, weight, mean, inv, ndim, simplified, mask):
+    shp = x.shape[x.dim() - ndim:]
+    return (torch.empty_like(x, memory_format=torch.contiguous_format) if mask[0]
+            else _nothing(x),
+            x.new_empty(shp) if mask[1] else _nothing(x),
+            x.new_empty(shp) if mask[2] and not simplified else _nothing(x))
+
+
+def _ln_setup(ctx, inputs, output):
+    x, weight, bias, ndim, _eps, simplified = inputs
+    _, mean, inv = output
+    ctx.save_for_backward(x, weight, mean, inv)
+    ctx.ndim, ctx.simplified, ctx.has_bias = ndim, simplified, bias is not None
+    ctx.set_materialize_grads(True)
+
+
+def _ln_bwd(ctx, dy, _dmean, _dinv):
+    x, weight, mean, inv = ctx.saved_tensors
+    n = ctx.needs_input_grad
+    mask = [n[0], weight is not None and n[1], ctx.has_bias and n[2]]
+    dx, dw, db = layer_norm_backward(dy, x, weight, mean, inv, ctx.ndim, ctx.simplified,
+                                     mask)
+    return (*_grads(mask, dx, dw, db), None, None, None)
+
+
+layer_norm.register_autograd(_ln_bwd, setup_context=_ln_setup)
+
+
+# ---- BatchNorm -----------------------------------------------------------------------------
+
+
+@custom_op(f"{NS}::batch_norm", mutates_args=())
+def batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None,
+               running_mean: Tensor | None, running_var: Tensor | None, training: bool,
+               eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(y, mean, inv_std, var) of BatchNorm over [N, C, ...]
+    (torch.nn.functional.batch_norm): in training the batch statistics (``var`` the biased
+    batch variance, for ``batch_norm_update_stats``), in eval the running ones (``var``
+    empty). A functional op (autograd needs one): the running statistics are updated by
+    ``batch_norm_update_stats``."""
+    op = "batch_norm"
+    x = x.contiguous()
+    n, c, s = KB.ncs(op, x, "input")
+    scale = KB.channel_vec(op, "weight", weight, x, c, "input")
+    shift = KB.channel_vec(op, "bias", bias, x, c, "input")
+    if training:
+        if n * s <= 1:
+            raise ValueError(f"{op}: expected more than 1 value per channel when training, "
+                             f"got input size {list(x.shape)}")
+        y, mean, var, inv = KB.bn_train_core(op, x, scale, shift, eps)
+        return y, mean, inv, var
+    if running_mean is None or running_var is None:
+        raise ValueError(f"{op}: running_mean and running_var are required when training "
+                         "is False")
+    rm = KB.channel_vec(op, "running_mean", running_mean, x, c, "input", cast=True)
+    rv = KB.channel_vec(op, "running_var", running_var, x, c, "input", cast=True)
+    y, inv = KB.bn_eval_core(op, x, scale, shift, rm, rv, eps)
+    return y, _fresh(rm, (running_mean,)), inv, _nothing(x)
+
+
+@custom_op(f"{NS}::batch_norm_update_stats", mutates_args=("running_mean", "running_var"))
+def batch_norm_update_stats(running_mean: Tensor | None, running_var: Tensor | None,
+                            mean: Tensor, var: Tensor, momentum: float, count: int) -> None:
+    """``running = (1 - momentum)·running + momentum·batch`` in place, with the unbiased
+    batch variance (``var·count/(count - 1)``, ``count`` values per channel), as torch's
+    BatchNorm does in training."""
+    with torch.no_grad():
+        if running_mean is not None:
+            running_mean.mul_(1.0 - momentum).add_(mean.to(running_mean.dtype),
+                                                   alpha=momentum)
+        if running_var is not None:
+            running_var.mul_(1.0 - momentum).add_(
+                (var * (count / (count - 1))).to(running_var.dtype), alpha=momentum)
+
+
+@register_fake(f"{NS}::batch_norm_update_stats")
+def _(running_mean, running_var, mean, var, momentum, count):
+    return None
+
+
+@register_fake(f"{NS}::batch_norm")
+def _(x, weight, bias, running_mean, running_var, training, eps):
+    TRACED["batch_norm"] += 1
+    c = x.shape[1]
+    return (torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty((c,)),
+            x.new_empty((c,)), x.new_empty((c,)) if training else _nothing(x))
+
+
+@custom_op(f"{NS}::batch_norm_backward", mutates_args=())
+def batch_norm_backward(dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor,
+                        inv: Tensor, training: bool,
+                        mask: Sequence[bool]) -> tuple[Tensor, Tensor, Tensor]:
+    """(dX, dweight, dbias) (ORT BatchNormalizationGrad; in eval the statistics are
+    constants)."""
+    op = "batch_norm"
+    x = x.contiguous()
+    c = x.shape[1]
+    scale = KB.channel_vec(op, "weight", weight, x, c, "input")
+    dx, dw, db = KB.bn_backward_core(op, dy.contiguous(), x, scale, mean.contiguous(),
+                                     inv.contiguous(), training, bool(mask[1]), bool(mask[2]))
+    return (dx if mask[0] else _nothing(x), _nothing(x) if dw is None else dw,
+            _nothing(x) if db is None else db)
+
+
+@register_fake(f"{NS}::batch_norm_backward")
+def _(dy, x, weight, mean, inv, training, mask):
+    c = x.shape[1]
+    return (torch.empty_like(x, memory_format=torch.contiguous_format) if mask[0]
+            else _nothing(x),
+            x.new_empty((c,)) if mask[1] else _nothing(x),
+            x.new_empty((c,)) if mask[2] else _nothing(x))
+
+
+def _bn_setup(ctx, inputs, output):
+    x, weight, bias, _rm, _rv, training, _eps = inputs
+    _, mean, inv, _var = output
+    ctx.save_for_backward(x, weight, mean, inv)
+    ctx.training, ctx.has_bias = training, bias is not None
+
+
+def _bn_bwd(ctx, dy, _dmean, _dinv, _dvar):
+    x, weight, mean, inv = ctx.saved_tensors
+    n = ctx.needs_input_grad
+    mask = [n[0], weight is not None and n[1], ctx.has_bias and n[2]]
+    g = batch_norm_backward(dy, x, weight, mean, inv, ctx.training, mask)
+    return (*_grads(mask, *g), None, None, None, None)
+
+
+batch_norm.register_autograd(_bn_bwd, setup_context=_bn_setup)
+
+
+# ---- cross entropy -------------------------------------------------------------------------
+
+REDUCTIONS = ("none", "mean", "sum")
+
+
+@custom_op(f"{NS}::cross_entropy", mutates_args=())
+def cross_entropy(x: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,
+                  reduction: int, smoothing: float,
+                  fused: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(loss, dx_unit, lse, wsum) of softmax cross entropy over [N, C, d...] logits with
+    int64 class-index ``target`` [N, d...] (torch.nn.functional.cross_entropy's
+    semantics: class ``weight``, ``ignore_index``, label ``smoothing``; ``reduction``
+    an index into ``REDUCTIONS``). ``fused`` (a scalar loss): d(loss)/d(x) for an upstream
+    gradient of 1 is written in the same pass (``dx_unit``; else empty). ``lse``: per
+    sample max + log Σ exp; ``wsum``: Σ weights of the non-ignored samples (float64)."""
+    op = "cross_entropy"
+    x = x.contiguous()
+    t = target.contiguous()
+    w = None if weight is None else weight.contiguous()
+    if fused and reduction != 0:
+        r = KL.sce_forward_grad(op, x, t, weight=w, ignore_index=ignore_index,
+                                smoothing=smoothing, mean=reduction == 1)
+        dx = r["dx"]
+    else:
+        r = KL.sce_forward(op, x, t, weight=w, ignore_index=ignore_index,
+                           smoothing=smoothing, want_loss=reduction == 0, want_lse=True)
+        dx = _nothing(x)
+    wsum = r["wsum"]
+    if reduction == 0:
+        loss = r["loss"]
+    else:
+        total = r["total"]
+        if reduction == 1:
+            total = total / wsum if wsum != 0 else float("nan")
+        loss = torch.tensor(total, dtype=x.dtype)
+    return loss, dx, r["lse"], torch.tensor(wsum, dtype=torch.float64)
+
+
+@register_fake(f"{NS}::cross_entropy")
+def _(x, target, weight, ignore_index, reduction, smoothing, fused):
+    TRACED["cross_entropy"] += 1
+    n = x.shape[0]
+    d = math.prod(x.shape[2:])
+    loss = x.new_empty(target.shape) if reduction == 0 else x.new_empty(())
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format) \
+        if fused and reduction != 0 else _nothing(x)
+    return loss, dx, x.new_empty((n * d,)), x.new_empty((), dtype=torch.float64)
+
+
+@custom_op(f"{NS}::cross_entropy_backward", mutates_args=())
+def cross_entropy_backward(dy: Tensor, x: Tensor, target: Tensor, weight: Tensor | None,
+                           lse: Tensor, wsum: Tensor, dx_unit: Tensor, ignore_index: int,
+                           reduction: int, smoothing: float) -> Tensor:
+    """d(loss)/d(x): ``dx_unit·dy`` when the forward wrote it (a finite scalar dy), else
+    the gradient kernel from the saved ``lse``."""
+    op = "cross_entropy"
+    if dx_unit.numel() and math.isfinite(g := float(dy)):
+        return dx_unit * g
+    x = x.contiguous()
+    w = None if weight is None else weight.contiguous()
+    if reduction == 0:
+        dyt, g = dy.contiguous(), 1.0
+    else:
+        dyt, g = None, float(dy)
+        if reduction == 1:
+            ws = float(wsum)
+            g = g / ws if ws != 0 else float("nan")
+    return KL.sce_backward(op, x, target.contiguous(), shift=lse.contiguous(), weight=w,
+                           dy=dyt, dy_scale=g, ignore_index=ignore_index,
+                           smoothing=smoothing)
+
+
+@register_fake(f"{NS}::cross_entropy_backward")
+def _(dy, x, target, weight, lse, wsum, dx_unit, ignore_index, reduction, smoothing):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _ce_setup(ctx, inputs, output):
+    x, target, weight, ignore_index, reduction, smoothing, _fused = inputs
+    _, dx_unit, lse, wsum = output
+    ctx.save_for_backward(x, target, weight, lse, wsum, dx_unit)
+    ctx.args = (ignore_index, reduction, smoothing)
+
+
+def _ce_bwd(ctx, dy, _ddx, _dlse, _dwsum):
+    x, target, weight, lse, wsum, dx_unit = ctx.saved_tensors
+    dx = cross_entropy_backward(dy, x, target, weight, lse, wsum, dx_unit, *ctx.args)
+    return dx, None, None, None, None, None, None
+
+
+cross_entropy.register_autograd(_ce_bwd, setup_context=_ce_setup)
+
+
+# ---- convolution ---------------------------------------------------------------------------
+
+
+def _conv_attrs(stride, padding, dilation, groups) -> dict:
+    return {"strides": list(stride), "dilations": list(dilation),
+            "pads": list(padding) + list(padding), "group": groups}
+
+
+@custom_op(f"{NS}::conv", mutates_args=())
+def conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Sequence[int],
+         padding: Sequence[int], dilation: Sequence[int], groups: int) -> Tensor:
+    """Convolution over 1-3 spatial dims (torch.nn.functional.conv1d/2d/3d with symmetric
+    integer padding), batched input [N, C, ...]; ORT Conv."""
+    return KC.conv_forward("conv", x.contiguous(), weight.contiguous(),
+                           None if bias is None else bias.contiguous(),
+                           **_conv_attrs(stride, padding, dilation, groups))
+
+
+_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+
+
+@register_fake(f"{NS}::conv")
+def _(x, weight, bias, stride, padding, dilation, groups):
+    TRACED[f"conv{x.dim() - 2}d"] += 1
+    # torch's own shape function (its meta kernel), so the shapes agree by construction
+    y = _CONV[x.dim() - 2](x, weight, bias, stride, padding, dilation, groups)
+    return y.new_empty(y.shape)
+
+
+@custom_op(f"{NS}::conv_backward", mutates_args=())
+def conv_backward(dy: Tensor, x: Tensor, weight: Tensor, stride: Sequence[int],
+                  padding: Sequence[int], dilation: Sequence[int], groups: int,
+                  mask: Sequence[bool]) -> tuple[Tensor, Tensor, Tensor]:
+    """(dX, dW, dB) of ``conv`` (ORT ConvGrad), only those ``mask`` asks for."""
+    need = tuple(bool(m) for m in mask)
+    dx, dw, db = KC.conv_backward("conv", dy.contiguous(), x.contiguous(),
+                                  weight.contiguous(), need,
+                                  **_conv_attrs(stride, padding, dilation, groups))
+    return (_nothing(x) if dx is None else dx, _nothing(x) if dw is None else dw,
+            _nothing(x) if db is None else db)
+
+
+@register_fake(f"{NS}::conv_backward")
+def _(dy, x, weight, stride, padding, dilation, groups, mask):
+    return (x.new_empty(x.shape) if mask[0] else _nothing(x),
+            x.new_empty(weight.shape) if mask[1] else _nothing(x),
+            x.new_empty((weight.shape[0],)) if mask[2] else _nothing(x))
+
+
+def _conv_setup(ctx, inputs, output):
+    x, weight, bias, *geometry = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.geometry, ctx.has_bias = geometry, bias is not None
+
+
+def _conv_bwd(ctx, dy):
+    x, weight = ctx.saved_tensors
+    n = ctx.needs_input_grad
+    mask = [n[0], n[1], ctx.has_bias and n[2]]
+    g = conv_backward(dy, x, weight, *ctx.geometry, mask)
+    return (*_grads(mask, *g), None, None, None, None)
+
+
+conv.register_autograd(_conv_bwd, setup_context=_conv_setup)
+
+
+# ---- pooling -------------------------------------------------------------------------------
+
+
+def _pool_attrs(kernel_size, stride, padding, ceil_mode, dilation=None) -> dict:
+    a = {"kernel_shape": list(kernel_size), "strides": list(stride),
+         "pads": list(padding) + list(padding), "ceil_mode": int(ceil_mode)}
+    if dilation is not None:
+        a["dilations"] = list(dilation)
+    return a
+
+
+@custom_op(f"{NS}::max_pool", mutates_args=())
+def max_pool(x: Tensor, kernel_size: Sequence[int], stride: Sequence[int],
+             padding: Sequence[int], dilation: Sequence[int],
+             ceil_mode: bool) -> tuple[Tensor, Tensor]:
+    """(y, indices) of max pooling over 1-3 spatial dims, batched [N, C, ...] input (ORT
+    MaxPool; indices are flat over the whole input, for ``max_pool_backward``)."""
+    return KP.maxpool_forward("max_pool", x.contiguous(), True,
+                              **_pool_attrs(kernel_size, stride, padding, ceil_mode,
+                                            dilation))
+
+
+_MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
+_AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
+
+
+@register_fake(f"{NS}::max_pool")
+def _(x, kernel_size, stride, padding, dilation, ceil_mode):
+    TRACED[f"max_pool{x.dim() - 2}d"] += 1
+    y = _MAX_POOL[x.dim() - 2](x, kernel_size, stride, padding, dilation, ceil_mode)
+    return y.new_empty(y.shape), y.new_empty(y.shape, dtype=torch.int64)
+
+
+@custom_op(f"{NS}::max_pool_backward", mutates_args=())
+def max_pool_backward(dy: Tensor, indices: Tensor, x: Tensor) -> Tensor:
+    """dX of ``max_pool`` (ORT MaxPoolGrad): dY scattered to the indices."""
+    return KP.maxpool_backward("max_pool", dy.contiguous(), indices, tuple(x.shape))
+
+
+@register_fake(f"{NS}::max_pool_backward")
+def _(dy, indices, x):
+    return x.new_empty(x.shape)
+
+
+def _max_pool_setup(ctx, inputs, output):
+    ctx.save_for_backward(output[1], inputs[0])
+
+
+def _max_pool_bwd(ctx, dy, _didx):
+    idx, x = ctx.saved_tensors
+    return max_pool_backward(dy, idx, x), None, None, None, None, None
+
+
+max_pool.register_autograd(_max_pool_bwd, setup_context=_max_pool_setup)
+
+
+@custom_op(f"{NS}::avg_pool", mutates_args=())
+def avg_pool(x: Tensor, kernel_size: Sequence[int], stride: Sequence[int],
+             padding: Sequence[int], ceil_mode: bool, count_include_pad: bool) -> Tensor:
+    """Average pooling over 1-3 spatial dims, batched input (ORT AveragePool)."""
+    return KP.avgpool_forward("avg_pool", x.contiguous(), int(count_include_pad), 0,
+                              **_pool_attrs(kernel_size, stride, padding, ceil_mode))
+
+
+@register_fake(f"{NS}::avg_pool")
+def _(x, kernel_size, stride, padding, ceil_mode, count_include_pad):
+    TRACED[f"avg_pool{x.dim() - 2}d"] += 1
+    y = _AVG_POOL[x.dim() - 2](x, kernel_size, stride, padding, ceil_mode, count_include_pad)
+    return y.new_empty(y.shape)
+
+
+@custom_op(f"{NS}::avg_pool_backward", mutates_args=())
+def avg_pool_backward(dy: Tensor, x: Tensor, kernel_size: Sequence[int],
+                      stride: Sequence[int], padding: Sequence[int],
+                      count_include_pad: bool) -> Tensor:
+    """dX of ``avg_pool`` (ORT AveragePoolGrad; the output size is dY's)."""
+    a = _pool_attrs(kernel_size, stride, padding, False)
+    del a["ceil_mode"]
+    return KP.avgpool_backward("avg_pool", dy.contiguous(), tuple(x.shape),
+                               int(count_include_pad), 0, **a)
+
+
+@register_fake(f"{NS}::avg_pool_backward")
+def _(dy, x, kernel_size, stride, padding, count_include_pad):
+    return x.new_empty(x.shape)
+
+
+def _avg_pool_setup(ctx, inputs, output):
+    x, kernel_size, stride, padding, _ceil, cip = inputs
+    ctx.save_for_backward(x)
+    ctx.args = (kernel_size, stride, padding, cip)
+
+
+def _avg_pool_bwd(ctx, dy):
+    return (avg_pool_backward(dy, ctx.saved_tensors[0], *ctx.args),
+            None, None, None, None, None)
+
+
+avg_pool.register_autograd(_avg_pool_bwd, setup_context=_avg_pool_setup)
+
+
+@custom_op(f"{NS}::global_avg_pool", mutates_args=())
+def global_avg_pool(x: Tensor) -> Tensor:
+    """Mean over all spatial dims of [N, C, ...], kept as size 1 (ORT GlobalAveragePool;
+    ``adaptive_avg_pool2d(x, 1)``)."""
+    return KP.GlobalAveragePool(x.contiguous())
+
+
+@register_fake(f"{NS}::global_avg_pool")
+def _(x):
+    TRACED["global_avg_pool"] += 1
+    return x.new_empty((x.shape[0], x.shape[1]) + (1,) * (x.dim() - 2))
+
+
+@custom_op(f"{NS}::global_avg_pool_backward", mutates_args=())
+def global_avg_pool_backward(dy: Tensor, x: Tensor) -> Tensor:
+    return KP.global_pool_backward("global_avg_pool", dy.contiguous(), x.contiguous(), 0)
+
+
+@register_fake(f"{NS}::global_avg_pool_backward")
+def _(dy, x):
+    return x.new_empty(x.shape)
+
+
+global_avg_pool.register_autograd(
+    lambda ctx, dy: global_avg_pool_backward(dy, ctx.saved_tensors[0]),
+    setup_context=lambda ctx, inputs, output: ctx.save_for_backward(inputs[0]))
