@@ -1,4 +1,4 @@
-"""Our kernels as ``torch.library`` custom ops (namespace ``ortcpu``), so that
+"""Our kernels as ``torch.library`` operators (namespace ``ortcpu``), so that
 ``torch.compile`` (Dynamo, AOTAutograd, Inductor) keeps them in the compiled graph as
 opaque calls: each op has a fake (meta) implementation giving its output shapes, and each
 forward op an autograd formula (``register_autograd``) whose backward is another custom op
@@ -39,7 +39,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.library import custom_op, register_fake
+from torch.library import register_fake
 
 from .._native.arena import reshaped
 from ..kernels import activations as KA
@@ -52,6 +52,30 @@ from ..kernels import pool as KP
 from ..kernels import tensor as KT
 
 NS = "ortcpu"
+
+_LIB = torch.library.Library(NS, "DEF")
+
+
+def _op(name: str, mutates_args=()):
+    """Define ``ortcpu::<name>`` with the schema of the decorated function's annotations
+    and make the function its CPU kernel; returns the op (``torch.ops.ortcpu.<name>``).
+    A ``Library`` definition rather than ``torch.library.custom_op``: the same schema,
+    fake and autograd registrations, at half custom_op's per-call cost (measured: about
+    7 us against 20-30 us of dispatch around a tiny kernel), which the compiled graph
+    pays on every call."""
+
+    def define(fn):
+        _LIB.define(name + torch.library.infer_schema(fn, mutates_args=mutates_args))
+        _LIB.impl(name, fn, "CPU")
+        return getattr(torch.ops.ortcpu, name)
+
+    return define
+
+
+def _autograd(op, backward, setup_context) -> None:
+    torch.library.register_autograd(op._qualified_op_name, backward,
+                                    setup_context=setup_context, lib=_LIB)
+
 
 #: forward ops traced into a compiled graph in this process, by name: counted by the fake
 #: implementations, which run while torch.compile traces and never at run time
@@ -80,7 +104,7 @@ def _grads(mask, *pairs):
 # ---- linear ------------------------------------------------------------------------------
 
 
-@custom_op(f"{NS}::linear", mutates_args=())
+@_op("linear")
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """``x·weightᵀ + bias`` (torch.nn.functional.linear) on our GEMM."""
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
@@ -95,7 +119,7 @@ def _(x, weight, bias):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
-@custom_op(f"{NS}::linear_backward", mutates_args=())
+@_op("linear_backward")
 def linear_backward(dy: Tensor, x: Tensor, weight: Tensor,
                     mask: Sequence[bool]) -> tuple[Tensor, Tensor, Tensor]:
     """(dX, dW, db) of ``linear``; the ones ``mask`` does not ask for are empty."""
@@ -128,13 +152,13 @@ def _linear_bwd(ctx, dy):
     return _grads(mask, *linear_backward(dy, x, weight, mask))
 
 
-linear.register_autograd(_linear_bwd, setup_context=_linear_setup)
+_autograd(linear, _linear_bwd, setup_context=_linear_setup)
 
 
 # ---- GELU and pointwise activations --------------------------------------------------------
 
 
-@custom_op(f"{NS}::gelu", mutates_args=())
+@_op("gelu")
 def gelu(x: Tensor, approximate: int) -> Tensor:
     """GELU (``approximate`` 0: erf, 1: tanh) on ORT's Gelu / FastGelu kernels."""
     return KA.gelu_forward_core("gelu", x.contiguous(), None, approximate)
@@ -146,7 +170,7 @@ def _(x, approximate):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-@custom_op(f"{NS}::gelu_backward", mutates_args=())
+@_op("gelu_backward")
 def gelu_backward(dy: Tensor, x: Tensor, approximate: int) -> Tensor:
     return KA.gelu_backward_core("gelu", dy.contiguous(), x.contiguous(), None, approximate,
                                  False)[0]
@@ -162,13 +186,13 @@ def _save_x(ctx, inputs, output):
     ctx.args = inputs[1:]
 
 
-gelu.register_autograd(lambda ctx, dy: (gelu_backward(dy, ctx.saved_tensors[0], *ctx.args),
+_autograd(gelu, lambda ctx, dy: (gelu_backward(dy, ctx.saved_tensors[0], *ctx.args),
                                         None), setup_context=_save_x)
 
 _ACT_KINDS = ("Relu", "QuickGelu", "LeakyRelu")
 
 
-@custom_op(f"{NS}::act", mutates_args=())
+@_op("act")
 def act(x: Tensor, kind: str, alpha: float) -> Tensor:
     """``kind`` in Relu, QuickGelu (``x·sigmoid(alpha·x)``; SiLU is alpha 1), LeakyRelu."""
     if kind not in _ACT_KINDS:
@@ -182,7 +206,7 @@ def _(x, kind, alpha):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-@custom_op(f"{NS}::act_backward", mutates_args=())
+@_op("act_backward")
 def act_backward(dy: Tensor, x: Tensor, kind: str, alpha: float) -> Tensor:
     # the gradient from the forward input X (LeakyReluGrad tested on X: torch's rule)
     return KA.act_backward(kind + "Grad", kind, dy.contiguous(), x.contiguous(), "X", alpha)
@@ -193,13 +217,13 @@ def _(dy, x, kind, alpha):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-act.register_autograd(lambda ctx, dy: (act_backward(dy, ctx.saved_tensors[0], *ctx.args),
+_autograd(act, lambda ctx, dy: (act_backward(dy, ctx.saved_tensors[0], *ctx.args),
                                        None, None), setup_context=_save_x)
 
 _HARD_KINDS = ("HardSigmoid", "HardSwish", "hardtanh")
 
 
-@custom_op(f"{NS}::hard", mutates_args=())
+@_op("hard")
 def hard(x: Tensor, kind: str, a: float, b: float) -> Tensor:
     """HardSigmoid ``clamp(a·x + b, 0, 1)``, HardSwish ``x·clamp(a·x + b, 0, 1)`` or
     hardtanh ``clamp(x, a, b)``."""
@@ -214,7 +238,7 @@ def _(x, kind, a, b):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-@custom_op(f"{NS}::hard_backward", mutates_args=())
+@_op("hard_backward")
 def hard_backward(dy: Tensor, x: Tensor, kind: str, a: float, b: float) -> Tensor:
     return KA.hard_backward(kind, kind, dy.contiguous(), x.contiguous(), a, b)
 
@@ -224,14 +248,14 @@ def _(dy, x, kind, a, b):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-hard.register_autograd(lambda ctx, dy: (hard_backward(dy, ctx.saved_tensors[0], *ctx.args),
+_autograd(hard, lambda ctx, dy: (hard_backward(dy, ctx.saved_tensors[0], *ctx.args),
                                         None, None, None), setup_context=_save_x)
 
 
 # ---- softmax -------------------------------------------------------------------------------
 
 
-@custom_op(f"{NS}::softmax", mutates_args=())
+@_op("softmax")
 def softmax(x: Tensor, dim: int, log: bool) -> Tensor:
     """Softmax (``log``: log-softmax) along ``dim`` (ORT Softmax-13 / LogSoftmax-13)."""
     return KA.softmax_forward("log_softmax" if log else "softmax", x.contiguous(), dim, log)
@@ -243,7 +267,7 @@ def _(x, dim, log):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-@custom_op(f"{NS}::softmax_backward", mutates_args=())
+@_op("softmax_backward")
 def softmax_backward(dy: Tensor, y: Tensor, dim: int, log: bool) -> Tensor:
     """dX from the forward's output Y (SoftmaxGrad_13 / LogSoftmaxGrad_13)."""
     return KA.softmax_backward("softmax", dy.contiguous(), y.contiguous(), dim, log, False)
@@ -259,7 +283,7 @@ def _softmax_setup(ctx, inputs, output):
     ctx.dim, ctx.log = inputs[1], inputs[2]
 
 
-softmax.register_autograd(
+_autograd(softmax,
     lambda ctx, dy: (softmax_backward(dy, ctx.saved_tensors[0], ctx.dim, ctx.log), None, None),
     setup_context=_softmax_setup)
 
@@ -267,7 +291,7 @@ softmax.register_autograd(
 # ---- LayerNorm / RMSNorm -------------------------------------------------------------------
 
 
-@custom_op(f"{NS}::layer_norm", mutates_args=())
+@_op("layer_norm")
 def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, ndim: int, eps: float,
                simplified: bool) -> tuple[Tensor, Tensor, Tensor]:
     """(y, mean, inv_std) of LayerNorm over the last ``ndim`` dims (``simplified``: RMSNorm,
@@ -292,7 +316,7 @@ def _(x, weight, bias, ndim, eps, simplified):
             _nothing(x) if simplified else x.new_empty((rows,)), x.new_empty((rows,)))
 
 
-@custom_op(f"{NS}::layer_norm_backward", mutates_args=())
+@_op("layer_norm_backward")
 def layer_norm_backward(dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor,
                         inv: Tensor, ndim: int, simplified: bool,
                         mask: Sequence[bool]) -> tuple[Tensor, Tensor, Tensor]:
@@ -336,13 +360,13 @@ def _ln_bwd(ctx, dy, _dmean, _dinv):
     return (*_grads(mask, dx, dw, db), None, None, None)
 
 
-layer_norm.register_autograd(_ln_bwd, setup_context=_ln_setup)
+_autograd(layer_norm, _ln_bwd, setup_context=_ln_setup)
 
 
 # ---- BatchNorm -----------------------------------------------------------------------------
 
 
-@custom_op(f"{NS}::batch_norm", mutates_args=())
+@_op("batch_norm")
 def batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None,
                running_mean: Tensor | None, running_var: Tensor | None, training: bool,
                eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -371,7 +395,7 @@ def batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None,
     return y, _fresh(rm, (running_mean,)), inv, _nothing(x)
 
 
-@custom_op(f"{NS}::batch_norm_update_stats", mutates_args=("running_mean", "running_var"))
+@_op("batch_norm_update_stats", mutates_args=("running_mean", "running_var"))
 def batch_norm_update_stats(running_mean: Tensor | None, running_var: Tensor | None,
                             mean: Tensor, var: Tensor, momentum: float, count: int) -> None:
     """``running = (1 - momentum)·running + momentum·batch`` in place, with the unbiased
@@ -399,7 +423,7 @@ def _(x, weight, bias, running_mean, running_var, training, eps):
             x.new_empty((c,)), x.new_empty((c,)) if training else _nothing(x))
 
 
-@custom_op(f"{NS}::batch_norm_backward", mutates_args=())
+@_op("batch_norm_backward")
 def batch_norm_backward(dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor,
                         inv: Tensor, training: bool,
                         mask: Sequence[bool]) -> tuple[Tensor, Tensor, Tensor]:
@@ -439,7 +463,7 @@ def _bn_bwd(ctx, dy, _dmean, _dinv, _dvar):
     return (*_grads(mask, *g), None, None, None, None)
 
 
-batch_norm.register_autograd(_bn_bwd, setup_context=_bn_setup)
+_autograd(batch_norm, _bn_bwd, setup_context=_bn_setup)
 
 
 # ---- cross entropy -------------------------------------------------------------------------
@@ -447,7 +471,7 @@ batch_norm.register_autograd(_bn_bwd, setup_context=_bn_setup)
 REDUCTIONS = ("none", "mean", "sum")
 
 
-@custom_op(f"{NS}::cross_entropy", mutates_args=())
+@_op("cross_entropy")
 def cross_entropy(x: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,
                   reduction: int, smoothing: float,
                   fused: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -491,7 +515,7 @@ def _(x, target, weight, ignore_index, reduction, smoothing, fused):
     return loss, dx, x.new_empty((n * d,)), x.new_empty((), dtype=torch.float64)
 
 
-@custom_op(f"{NS}::cross_entropy_backward", mutates_args=())
+@_op("cross_entropy_backward")
 def cross_entropy_backward(dy: Tensor, x: Tensor, target: Tensor, weight: Tensor | None,
                            lse: Tensor, wsum: Tensor, dx_unit: Tensor, ignore_index: int,
                            reduction: int, smoothing: float) -> Tensor:
@@ -532,7 +556,7 @@ def _ce_bwd(ctx, dy, _ddx, _dlse, _dwsum):
     return dx, None, None, None, None, None, None
 
 
-cross_entropy.register_autograd(_ce_bwd, setup_context=_ce_setup)
+_autograd(cross_entropy, _ce_bwd, setup_context=_ce_setup)
 
 
 # ---- convolution ---------------------------------------------------------------------------
@@ -543,7 +567,7 @@ def _conv_attrs(stride, padding, dilation, groups) -> dict:
             "pads": list(padding) + list(padding), "group": groups}
 
 
-@custom_op(f"{NS}::conv", mutates_args=())
+@_op("conv")
 def conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Sequence[int],
          padding: Sequence[int], dilation: Sequence[int], groups: int) -> Tensor:
     """Convolution over 1-3 spatial dims (torch.nn.functional.conv1d/2d/3d with symmetric
@@ -564,7 +588,7 @@ def _(x, weight, bias, stride, padding, dilation, groups):
     return y.new_empty(y.shape)
 
 
-@custom_op(f"{NS}::conv_backward", mutates_args=())
+@_op("conv_backward")
 def conv_backward(dy: Tensor, x: Tensor, weight: Tensor, stride: Sequence[int],
                   padding: Sequence[int], dilation: Sequence[int], groups: int,
                   mask: Sequence[bool]) -> tuple[Tensor, Tensor, Tensor]:
@@ -598,7 +622,7 @@ def _conv_bwd(ctx, dy):
     return (*_grads(mask, *g), None, None, None, None)
 
 
-conv.register_autograd(_conv_bwd, setup_context=_conv_setup)
+_autograd(conv, _conv_bwd, setup_context=_conv_setup)
 
 
 # ---- pooling -------------------------------------------------------------------------------
@@ -612,7 +636,7 @@ def _pool_attrs(kernel_size, stride, padding, ceil_mode, dilation=None) -> dict:
     return a
 
 
-@custom_op(f"{NS}::max_pool", mutates_args=())
+@_op("max_pool")
 def max_pool(x: Tensor, kernel_size: Sequence[int], stride: Sequence[int],
              padding: Sequence[int], dilation: Sequence[int],
              ceil_mode: bool) -> tuple[Tensor, Tensor]:
@@ -634,7 +658,7 @@ def _(x, kernel_size, stride, padding, dilation, ceil_mode):
     return y.new_empty(y.shape), y.new_empty(y.shape, dtype=torch.int64)
 
 
-@custom_op(f"{NS}::max_pool_backward", mutates_args=())
+@_op("max_pool_backward")
 def max_pool_backward(dy: Tensor, indices: Tensor, x: Tensor) -> Tensor:
     """dX of ``max_pool`` (ORT MaxPoolGrad): dY scattered to the indices."""
     return KP.maxpool_backward("max_pool", dy.contiguous(), indices, tuple(x.shape))
@@ -654,10 +678,10 @@ def _max_pool_bwd(ctx, dy, _didx):
     return max_pool_backward(dy, idx, x), None, None, None, None, None
 
 
-max_pool.register_autograd(_max_pool_bwd, setup_context=_max_pool_setup)
+_autograd(max_pool, _max_pool_bwd, setup_context=_max_pool_setup)
 
 
-@custom_op(f"{NS}::avg_pool", mutates_args=())
+@_op("avg_pool")
 def avg_pool(x: Tensor, kernel_size: Sequence[int], stride: Sequence[int],
              padding: Sequence[int], ceil_mode: bool, count_include_pad: bool) -> Tensor:
     """Average pooling over 1-3 spatial dims, batched input (ORT AveragePool)."""
@@ -672,7 +696,7 @@ def _(x, kernel_size, stride, padding, ceil_mode, count_include_pad):
     return y.new_empty(y.shape)
 
 
-@custom_op(f"{NS}::avg_pool_backward", mutates_args=())
+@_op("avg_pool_backward")
 def avg_pool_backward(dy: Tensor, x: Tensor, kernel_size: Sequence[int],
                       stride: Sequence[int], padding: Sequence[int],
                       count_include_pad: bool) -> Tensor:
@@ -699,10 +723,10 @@ def _avg_pool_bwd(ctx, dy):
             None, None, None, None, None)
 
 
-avg_pool.register_autograd(_avg_pool_bwd, setup_context=_avg_pool_setup)
+_autograd(avg_pool, _avg_pool_bwd, setup_context=_avg_pool_setup)
 
 
-@custom_op(f"{NS}::global_avg_pool", mutates_args=())
+@_op("global_avg_pool")
 def global_avg_pool(x: Tensor) -> Tensor:
     """Mean over all spatial dims of [N, C, ...], kept as size 1 (ORT GlobalAveragePool;
     ``adaptive_avg_pool2d(x, 1)``)."""
@@ -715,7 +739,7 @@ def _(x):
     return x.new_empty((x.shape[0], x.shape[1]) + (1,) * (x.dim() - 2))
 
 
-@custom_op(f"{NS}::global_avg_pool_backward", mutates_args=())
+@_op("global_avg_pool_backward")
 def global_avg_pool_backward(dy: Tensor, x: Tensor) -> Tensor:
     return KP.global_pool_backward("global_avg_pool", dy.contiguous(), x.contiguous(), 0)
 
@@ -725,6 +749,6 @@ def _(dy, x):
     return x.new_empty(x.shape)
 
 
-global_avg_pool.register_autograd(
+_autograd(global_avg_pool,
     lambda ctx, dy: global_avg_pool_backward(dy, ctx.saved_tensors[0]),
     setup_context=lambda ctx, inputs, output: ctx.save_for_backward(inputs[0]))

@@ -29,7 +29,7 @@ def _under(qualname: str, prefixes) -> bool:
 
 
 def wrap(model: torch.nn.Module, *, fallback: str = "warn", include=None, exclude=None,
-         timing: bool = False, select="fastest"):
+         timing: bool = False, select="fastest", compile_kernels="ours"):
     """Run ``model`` on ortcpu_torch kernels; returns the same object, changed in place.
 
     Swaps every submodule whose type is exactly a supported ``torch.nn`` class for its
@@ -68,14 +68,24 @@ def wrap(model: torch.nn.Module, *, fallback: str = "warn", include=None, exclud
     (``criterion = wrap(nn.CrossEntropyLoss())``) or runs under ``kernels_enabled()``. While
     routing is on, torch's fused inference fast paths that refuse tensors with
     ``__torch_function__`` handling (e.g. ``TransformerEncoderLayer`` in eval mode) take
-    their regular path instead. Under ``torch.compile`` the wrapper steps aside: the
-    compiled graph is torch's (our kernels are opaque to Dynamo) and is traced once.
+    their regular path instead.
+
+    ``compile_kernels``: what ``torch.compile(model)`` puts in the compiled graph for the
+    supported functionals and swapped modules. ``"ours"`` (default): our kernels, as
+    ``torch.library`` custom ops (``ortcpu::linear``, ``ortcpu::layer_norm``, ...; see
+    ``ortcpu_torch.ops.library``) with fake shapes and autograd formulas, so the graph
+    calls our forward and gradient kernels and Inductor compiles the rest; ``"torch"``:
+    the wrapper steps aside and the compiled graph is torch's; or a list of families
+    from ``ortcpu_torch.wrap.compiled.FAMILIES`` (``["linear", "layer_norm"]``) routed
+    to ours, the rest to torch. ``include``/``exclude`` apply as in eager. Either way the
+    model compiles once (nothing the wrapper counts is read while Dynamo traces), and
+    ``select`` does not apply under compile (nothing is measured while tracing).
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"wrap: model must be a torch.nn.Module, got {type(model).__name__}")
     if getattr(model, STATE_ATTR, None) is not None:
         unwrap(model)
-    state = State(fallback, include, exclude, timing, select)
+    state = State(fallback, include, exclude, timing, select, compile_kernels)
     by_cls = {e.torch_cls: e for e in MODULES if e.torch_cls is not None}
     swaps, excluded, included = [], [], []
     for qualname, m in model.named_modules(remove_duplicate=False):
@@ -175,21 +185,22 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def optimize(model: torch.nn.Module, optimizer=None, *, fallback: str = "warn",
-             include=None, exclude=None, timing: bool = False, select="fastest"):
+             include=None, exclude=None, timing: bool = False, select="fastest",
+             compile_kernels="ours"):
     """``wrap(model)`` and replace a ``torch.optim.AdamW/Adam/SGD`` by ortcpu_torch's
     (same param groups, state carried over) when ``ortcpu_torch.optim`` has it. Returns
     ``(model, optimizer)``; what was done is in ``report(model)``. An LR scheduler built on
     the old optimizer must be rebuilt on the returned one. One of those optimizers kept
     on torch because of a setting ours lacks is a fallback under ``fallback`` (with
-    ``"error"``, raised before the model is touched). ``select``, ``timing``: as in
-    ``wrap``."""
+    ``"error"``, raised before the model is touched). ``select``, ``timing``,
+    ``compile_kernels``: as in ``wrap``."""
     if fallback not in POLICIES:
         raise ValueError(f"optimize: fallback must be one of {POLICIES}, got {fallback!r}")
     new, note, fell_back = convert_optimizer(optimizer)
     if fell_back and fallback == "error":
         raise FallbackError(f"ortcpu_torch.optimize: {note} (fallback='error')")
     wrap(model, fallback=fallback, include=include, exclude=exclude, timing=timing,
-         select=select)
+         select=select, compile_kernels=compile_kernels)
     state = model.__dict__[STATE_ATTR]
     state.optimizer = note
     if fell_back:

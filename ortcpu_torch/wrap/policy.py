@@ -179,7 +179,8 @@ class State:
     name is selected."""
 
     def __init__(self, fallback: str, include=None, exclude=None, timing: bool = False,
-                 select="fastest"):
+                 select="fastest", compile_kernels="ours"):
+        from .compiled import check_compile_kernels
         from .select import check_select
 
         if fallback not in POLICIES:
@@ -209,16 +210,32 @@ class State:
         self.sides: dict = {}
         self.times = {"forward": dict.fromkeys(SIDES, 0), "backward": dict.fromkeys(SIDES, 0)}
         self._local = threading.local()
+        # torch.compile: the families routed to ortcpu:: custom ops while Dynamo traces,
+        # their tables (built now: nothing may be computed, or read and then changed,
+        # while tracing), and the stack of CompiledKernelModes entered by the root's hook
+        self.compile_kernels = check_compile_kernels(compile_kernels)
+        self._build_compile_tables()
+
+    def _build_compile_tables(self) -> None:
+        from .compiled import tables
+
+        self.compile_tables = tables(self)
+        self.compile_modes: list = []
 
     def __getstate__(self):
         d = dict(self.__dict__)
-        d.pop("_local", None)
+        for k in ("_local", "compile_tables", "compile_modes"):
+            d.pop(k, None)
         d["sides"] = {}
         return d
 
     def __setstate__(self, d):
+        from .compiled import check_compile_kernels
+
         self.__dict__.update(d)
         self._local = threading.local()
+        self.compile_kernels = check_compile_kernels(d.get("compile_kernels", "ours"))
+        self._build_compile_tables()
 
     @property
     def modes(self) -> list:

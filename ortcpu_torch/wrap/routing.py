@@ -16,6 +16,7 @@ import sys
 import torch
 from torch.overrides import TorchFunctionMode
 
+from .compiled import CompiledKernelMode
 from .policy import State, Stats, Unsupported, context_reason, exc_reason, values_reason
 from .select import call_key, choose
 from .tables import BY_FUNC, IGNORED_ARGS, NO_DEFAULT, FuncEntry, class_path
@@ -217,14 +218,20 @@ class KernelMode(TorchFunctionMode):
 
 
 class EnterHook:
-    """Forward pre-hook on the root: enter the kernel mode (picklable). Not while
-    torch.compile traces: our kernels are opaque to it, so it traces torch's."""
+    """Forward pre-hook on the root: enter the kernel mode (picklable). While
+    torch.compile traces, the compile-time mode instead (``compiled.py``: our custom ops
+    in the graph, no bookkeeping)."""
 
     def __init__(self, state):
         self.state = state
 
     def __call__(self, module, args):
         if torch.compiler.is_compiling():
+            state = self.state
+            if state.compile_kernels:
+                mode = CompiledKernelMode(*state.compile_tables)
+                mode.__enter__()
+                state.compile_modes.append(mode)
             return
         mode = KernelMode(self.state)
         mode.__enter__()
@@ -239,6 +246,9 @@ class ExitHook:
 
     def __call__(self, module, args, output):
         if torch.compiler.is_compiling():
+            modes = self.state.compile_modes
+            if modes:
+                modes.pop().__exit__(None, None, None)
             return
         modes = self.state.modes
         if modes:

@@ -38,9 +38,10 @@ class SwapInfo:
 def _wrapped_forward(self, *args, **kwargs):
     info: SwapInfo = self.__dict__[INFO_ATTR]
     if torch.compiler.is_compiling():
-        # torch.compile traces torch's forward (our kernels are opaque to it). Nothing is
-        # counted here: a counter read while tracing becomes a guard, and a guard that
-        # changes every call recompiles every call.
+        # torch.compile traces torch's forward; the root's compile-time mode routes the
+        # functionals it calls (F.linear, F.batch_norm, ...) to our custom ops
+        # (compiled.py). Nothing is counted here: a counter read while tracing becomes a
+        # guard, and a guard that changes every call recompiles every call.
         sync_to_original(self, info.original, info.attrs)
         return info.original.forward(*args, **kwargs)
     state = info.state
@@ -241,6 +242,8 @@ class ScopeEnter:
     def __call__(self, module, args):
         if not torch.compiler.is_compiling():
             self.state.scopes.append(self.on)
+        elif self.state.compile_modes:
+            self.state.compile_modes[-1].scopes.append(self.on)
 
 
 class ScopeExit:
@@ -252,8 +255,12 @@ class ScopeExit:
     def __call__(self, module, args, output):
         if not torch.compiler.is_compiling():
             scopes = self.state.scopes
-            if scopes:
-                scopes.pop()
+        elif self.state.compile_modes:
+            scopes = self.state.compile_modes[-1].scopes
+        else:
+            return
+        if scopes:
+            scopes.pop()
 
 
 def add_scope(state, module: torch.nn.Module, on: bool) -> None:

@@ -1,0 +1,346 @@
+"""``torch.compile`` of a wrapped model: our kernels inside the compiled graph.
+
+While Dynamo traces the wrapped model, the root's forward pre-hook enters
+``CompiledKernelMode`` instead of the eager ``KernelMode``: a ``TorchFunctionMode`` that
+sends the supported functionals (``F.linear``, ``F.gelu``, ``F.layer_norm``,
+``F.batch_norm``, ``F.conv2d``, ``F.cross_entropy``, ...) to the ``ortcpu::`` custom ops
+of ``ops/library.py``. Swapped modules run torch's module forward under it, so
+``nn.Linear`` becomes ``ortcpu::linear`` in the graph the same way ``F.linear`` does.
+Dynamo inlines the mode, so the graph holds the custom ops as opaque calls with their
+fake shapes and autograd formulas, and AOTAutograd puts the matching backward ops in
+the backward graph; Inductor compiles everything else.
+
+Nothing here counts or measures: state read while tracing becomes a guard, and a guard
+that changes every call recompiles every call (issue 14). Each adapter takes torch's
+signature and returns ``NotImplemented`` for what our ops do not take (the call then
+runs torch's, traced as usual); its checks read only dtypes, ranks and arguments,
+which Dynamo specialises on anyway.
+
+Which families are routed: ``wrap(model, compile_kernels=...)`` (see ``FAMILIES``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from ..ops import library as L
+from ..ops.conv import _tuple
+from .policy import FLOATS
+
+_OPS = torch.ops.ortcpu
+
+
+def _floats(*ts) -> bool:
+    """Dense CPU float32/float64 tensors of one dtype (None allowed)."""
+    dt = None
+    for t in ts:
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or \
+                t.layout != torch.strided or t.dtype not in FLOATS:
+            return False
+        if dt is None:
+            dt = t.dtype
+        elif t.dtype != dt:
+            return False
+    return dt is not None
+
+
+# ---- adapters: torch's signature in, an ortcpu:: op (or NotImplemented) out -------------
+
+
+def _linear(input, weight, bias=None):
+    if not _floats(input, weight, bias) or weight.dim() != 2 or input.dim() < 1 or \
+            (bias is not None and bias.dim() != 1):
+        return NotImplemented
+    return _OPS.linear(input, weight, bias)
+
+
+_GELU = {"none": 0, "tanh": 1}
+
+
+def _gelu(input, approximate="none"):
+    if approximate not in _GELU or not _floats(input):
+        return NotImplemented
+    return _OPS.gelu(input, _GELU[approximate])
+
+
+def _act(kind: str, alpha: float = 0.0):
+    def adapter(input, inplace=False):
+        if inplace or not _floats(input):
+            return NotImplemented
+        return _OPS.act(input, kind, alpha)
+    return adapter
+
+
+def _leaky_relu(input, negative_slope=0.01, inplace=False):
+    if inplace or not _floats(input) or not isinstance(negative_slope, (int, float)):
+        return NotImplemented
+    return _OPS.act(input, "LeakyRelu", float(negative_slope))
+
+
+def _hard(kind: str, a: float, b: float):
+    def adapter(input, inplace=False):
+        if inplace or not _floats(input):
+            return NotImplemented
+        return _OPS.hard(input, kind, a, b)
+    return adapter
+
+
+def _hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
+    if inplace or not _floats(input) or not min_val <= max_val:
+        return NotImplemented
+    return _OPS.hard(input, "hardtanh", float(min_val), float(max_val))
+
+
+def _softmax_any(log: bool, input, dim, dtype):
+    if dim is None or dtype is not None or not _floats(input) or input.dim() == 0 or \
+            not isinstance(dim, int):
+        return NotImplemented
+    return _OPS.softmax(input, dim, log)
+
+
+def _softmax_f(input, dim=None, _stacklevel=3, dtype=None):
+    return _softmax_any(False, input, dim, dtype)
+
+
+def _softmax_t(input, dim, dtype=None):
+    return _softmax_any(False, input, dim, dtype)
+
+
+def _log_softmax_f(input, dim=None, _stacklevel=3, dtype=None):
+    return _softmax_any(True, input, dim, dtype)
+
+
+def _log_softmax_t(input, dim, dtype=None):
+    return _softmax_any(True, input, dim, dtype)
+
+
+def _norm_dims(input, normalized_shape, *params):
+    shp = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if not shp or len(shp) > input.dim() or tuple(input.shape[input.dim() - len(shp):]) != shp:
+        return None
+    if any(p is not None and tuple(p.shape) != shp for p in params):
+        return None
+    return len(shp)
+
+
+def _layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    if not _floats(input, weight, bias):
+        return NotImplemented
+    ndim = _norm_dims(input, normalized_shape, weight, bias)
+    if ndim is None:
+        return NotImplemented
+    return _OPS.layer_norm(input, weight, bias, ndim, float(eps), False)[0]
+
+
+def _rms_norm(input, normalized_shape, weight=None, eps=None):
+    if not _floats(input, weight):
+        return NotImplemented
+    ndim = _norm_dims(input, normalized_shape, weight)
+    if ndim is None:
+        return NotImplemented
+    e = torch.finfo(input.dtype).eps if eps is None else float(eps)
+    return _OPS.layer_norm(input, weight, None, ndim, e, True)[0]
+
+
+def _batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
+                momentum=0.1, eps=1e-5):
+    if not _floats(input, weight, bias) or input.dim() < 2 or \
+            not isinstance(training, bool) or (running_mean is None) != (running_var is None):
+        return NotImplemented
+    if not training and running_mean is None:
+        return NotImplemented
+    for r in (running_mean, running_var):
+        if r is not None and (not isinstance(r, torch.Tensor) or r.dtype not in FLOATS):
+            return NotImplemented
+    y, mean, _inv, var = _OPS.batch_norm(input, weight, bias, running_mean, running_var,
+                                         training, float(eps))
+    if training and running_mean is not None:
+        _OPS.batch_norm_update_stats(running_mean, running_var, mean.detach(), var.detach(),
+                                     float(momentum), input.numel() // input.shape[1])
+    return y
+
+
+_REDUCTION = {r: i for i, r in enumerate(L.REDUCTIONS)}
+
+
+def _cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100,
+                   reduce=None, reduction="mean", label_smoothing=0.0):
+    if size_average is not None or reduce is not None or reduction not in _REDUCTION or \
+            not _floats(input, weight) or input.dim() < 2 or \
+            not isinstance(target, torch.Tensor) or target.dtype != torch.int64 or \
+            not isinstance(label_smoothing, (int, float)) or \
+            not 0.0 <= label_smoothing <= 1.0:
+        return NotImplemented
+    fused = reduction != "none" and torch.is_grad_enabled() and input.requires_grad
+    return _OPS.cross_entropy(input, target, weight, int(ignore_index), _REDUCTION[reduction],
+                              float(label_smoothing), fused)[0]
+
+
+def _conv(r: int):
+    def adapter(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+        if isinstance(padding, str) or not _floats(input, weight, bias) or \
+                input.dim() != r + 2 or weight.dim() != r + 2:
+            return NotImplemented
+        try:
+            s = _tuple("stride", stride, r, 1)
+            p = _tuple("padding", padding, r, 0)
+            d = _tuple("dilation", dilation, r, 1)
+        except (TypeError, ValueError):
+            return NotImplemented
+        return _OPS.conv(input, weight, bias, s, p, d, int(groups))
+    return adapter
+
+
+def _pool_args(r, kernel_size, stride, padding, dilation=1):
+    try:
+        k = _tuple("kernel_size", kernel_size, r, 1)
+        s = k if stride is None or (not isinstance(stride, int) and len(stride) == 0) else \
+            _tuple("stride", stride, r, 1)
+        p = _tuple("padding", padding, r, 0)
+        d = _tuple("dilation", dilation, r, 1)
+    except (TypeError, ValueError):
+        return None
+    if any(p[i] > k[i] // 2 for i in range(r)):
+        return None
+    return k, s, p, d
+
+
+def _max_pool(r: int):
+    def adapter(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+                return_indices=False):
+        if return_indices or not _floats(input) or input.dim() != r + 2:
+            return NotImplemented
+        a = _pool_args(r, kernel_size, stride, padding, dilation)
+        if a is None:
+            return NotImplemented
+        return _OPS.max_pool(input, *a, bool(ceil_mode))[0]
+    return adapter
+
+
+def _avg_pool(r: int):
+    def adapter(input, kernel_size, stride=None, padding=0, ceil_mode=False,
+                count_include_pad=True, divisor_override=None):
+        if divisor_override is not None or not _floats(input) or input.dim() != r + 2:
+            return NotImplemented
+        a = _pool_args(r, kernel_size, stride, padding)
+        if a is None:
+            return NotImplemented
+        return _OPS.avg_pool(input, *a[:3], bool(ceil_mode), bool(count_include_pad))
+    return adapter
+
+
+def _adaptive_avg_pool2d(input, output_size):
+    if output_size not in (1, (1, 1), [1, 1]) or not _floats(input) or input.dim() != 4:
+        return NotImplemented
+    return _OPS.global_avg_pool(input)
+
+
+_T = torch.Tensor
+_HS = (1.0 / 6.0, 0.5)
+
+#: family -> [(torch function, name as in wrap's functional table, adapter)]
+FAMILIES: dict[str, list] = {
+    "linear": [(F.linear, "F.linear", _linear)],
+    "gelu": [(F.gelu, "F.gelu", _gelu)],
+    "activations": [
+        (F.silu, "F.silu", _act("QuickGelu", 1.0)),
+        (F.relu, "F.relu", _act("Relu")),
+        (torch.relu, "torch.relu", _act("Relu")),
+        (_T.relu, "Tensor.relu", _act("Relu")),
+        (F.leaky_relu, "F.leaky_relu", _leaky_relu),
+        (F.hardswish, "F.hardswish", _hard("HardSwish", *_HS)),
+        (F.hardsigmoid, "F.hardsigmoid", _hard("HardSigmoid", *_HS)),
+        (F.hardtanh, "F.hardtanh", _hardtanh),
+        (F.relu6, "F.relu6", _hard("hardtanh", 0.0, 6.0)),
+    ],
+    "softmax": [
+        (F.softmax, "F.softmax", _softmax_f), (torch.softmax, "torch.softmax", _softmax_t),
+        (_T.softmax, "Tensor.softmax", _softmax_t),
+        (F.log_softmax, "F.log_softmax", _log_softmax_f),
+        (torch.log_softmax, "torch.log_softmax", _log_softmax_t),
+        (_T.log_softmax, "Tensor.log_softmax", _log_softmax_t),
+    ],
+    "layer_norm": [(F.layer_norm, "F.layer_norm", _layer_norm)]
+    + ([(F.rms_norm, "F.rms_norm", _rms_norm)] if hasattr(F, "rms_norm") else []),
+    "batch_norm": [(F.batch_norm, "F.batch_norm", _batch_norm)],
+    "cross_entropy": [(F.cross_entropy, "F.cross_entropy", _cross_entropy)],
+    "conv": [(F.conv1d, "F.conv1d", _conv(1)), (F.conv2d, "F.conv2d", _conv(2)),
+             (F.conv3d, "F.conv3d", _conv(3))],
+    "pool": [(F.max_pool1d, "F.max_pool1d", _max_pool(1)),
+             (F.max_pool2d, "F.max_pool2d", _max_pool(2)),
+             (F.max_pool3d, "F.max_pool3d", _max_pool(3)),
+             (F.avg_pool1d, "F.avg_pool1d", _avg_pool(1)),
+             (F.avg_pool2d, "F.avg_pool2d", _avg_pool(2)),
+             (F.avg_pool3d, "F.avg_pool3d", _avg_pool(3)),
+             (F.adaptive_avg_pool2d, "F.adaptive_avg_pool2d", _adaptive_avg_pool2d)],
+}
+
+#: ``compile_kernels="ours"``: every family; see ``wrap``'s docstring for the default
+ALL = tuple(FAMILIES)
+COMPILE_CHOICES = ("ours", "torch")
+
+
+def check_compile_kernels(value) -> tuple[str, ...]:
+    """The families ``wrap(compile_kernels=value)`` routes under torch.compile."""
+    if value == "ours":
+        return ALL
+    if value == "torch":
+        return ()
+    if isinstance(value, str) or not hasattr(value, "__iter__"):
+        raise ValueError(f"wrap: compile_kernels must be 'ours', 'torch' or a list of "
+                         f"families from {list(FAMILIES)}, got {value!r}")
+    fams = tuple(value)
+    bad = [f for f in fams if f not in FAMILIES]
+    if bad:
+        raise ValueError(f"wrap: compile_kernels: unknown families {bad}; known: "
+                         f"{list(FAMILIES)}")
+    return fams
+
+
+def tables(state) -> tuple[dict, dict]:
+    """(routed by name, routed inside an included module): torch function -> adapter,
+    for the families ``state.compile_kernels`` names, ``include``/``exclude`` applied by
+    functional name as in eager routing."""
+    everything, by_name = {}, {}
+    for fam in state.compile_kernels:
+        for func, name, adapter in FAMILIES[fam]:
+            everything[func] = adapter
+            op = name.split(".", 1)[1]
+            if state.selected(name, op):
+                by_name[func] = adapter
+    return by_name, everything
+
+
+def routed_names(state) -> list[str]:
+    """Names of the functionals routed to ortcpu:: custom ops under torch.compile."""
+    return [name for fam in state.compile_kernels for _f, name, _a in FAMILIES[fam]]
+
+
+class CompiledKernelMode(TorchFunctionMode):
+    """What the wrap does while torch.compile traces: routes the functionals of
+    ``tables`` to ortcpu:: custom ops; no bookkeeping. ``scopes``: the stack of
+    excluded (False) / included (True) modules being run."""
+
+    def __init__(self, by_name: dict, everything: dict):
+        super().__init__()
+        self.by_name, self.everything = by_name, everything
+        self.scopes: list = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if kwargs is None:
+            kwargs = {}
+        if self.scopes:
+            table = self.everything if self.scopes[-1] else None
+        else:
+            table = self.by_name
+        if table is not None:
+            adapter = table.get(func)
+            if adapter is not None:
+                out = adapter(*args, **kwargs)
+                if out is not NotImplemented:
+                    return out
+        return func(*args, **kwargs)
