@@ -167,6 +167,12 @@ def run_model(name: str, args) -> None:
     print(f"  ortcpu:: ops in the compiled forward graph: {', '.join(in_graph) or 'none'}")
 
 
+def _below_autograd(x):
+    # how a compiled graph's forward/backward calls the op: below the autograd key
+    with torch._C._AutoDispatchBelowAutograd():
+        return torch.ops.ortcpu.gelu.default(x, 0)
+
+
 def per_call_cost(reps: int = 2000) -> None:
     """One custom-op call (dispatcher + schema + autograd registration) vs our kernel
     called directly and vs the eager ``ops`` autograd.Function, on a tiny GELU."""
@@ -175,7 +181,8 @@ def per_call_cost(reps: int = 2000) -> None:
     g = torch.ones(8, 8)
     cases = {
         "kernel direct (gelu_forward_core)": lambda: KA.gelu_forward_core("gelu", x, None, 0),
-        "torch.ops.ortcpu.gelu, no grad": lambda: torch.ops.ortcpu.gelu(x, 0),
+        "torch.ops.ortcpu.gelu (autograd key)": lambda: torch.ops.ortcpu.gelu(x, 0),
+        "torch.ops.ortcpu.gelu below autograd": lambda: _below_autograd(x),
         "torch.ops.ortcpu.gelu fwd+bwd": lambda: torch.ops.ortcpu.gelu(xg, 0).backward(g),
         "ortcpu_torch.ops.gelu fwd+bwd": lambda: ortcpu_torch.ops.gelu(xg).backward(g),
         "torch F.gelu fwd+bwd": lambda: F.gelu(xg).backward(g),

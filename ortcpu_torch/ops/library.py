@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.library import register_fake
 
+from .._native import KernelError
 from .._native.arena import reshaped
 from ..kernels import activations as KA
 from ..kernels import batchnorm as KB
@@ -50,6 +51,8 @@ from ..kernels import loss as KL
 from ..kernels import norm as KN
 from ..kernels import pool as KP
 from ..kernels import tensor as KT
+from ..kernels._checks import checked_signature, float_check
+from .linear import _LINEAR_CHECKED, _check_linear
 
 NS = "ortcpu"
 
@@ -79,7 +82,7 @@ def _autograd(op, backward, setup_context) -> None:
 
 #: forward ops traced into a compiled graph in this process, by name: counted by the fake
 #: implementations, which run while torch.compile traces and never at run time
-TRACED: Counter = Counter()
+TRACED: Counter = Counter()  # name -> fake-impl runs (several per trace)
 
 
 
@@ -107,6 +110,10 @@ def _grads(mask, *pairs):
 @_op("linear")
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """``x·weightᵀ + bias`` (torch.nn.functional.linear) on our GEMM."""
+    key = checked_signature(x, weight, bias)
+    if key not in _LINEAR_CHECKED:  # the eager op's checks, shared cache
+        _check_linear(x, weight, bias)
+        _LINEAR_CHECKED.add(key)
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
     y = KG.gemm(x2, weight.contiguous(), None if bias is None else bias.contiguous(),
                 trans_b=True, op="linear")
@@ -161,7 +168,8 @@ _autograd(linear, _linear_bwd, setup_context=_linear_setup)
 @_op("gelu")
 def gelu(x: Tensor, approximate: int) -> Tensor:
     """GELU (``approximate`` 0: erf, 1: tanh) on ORT's Gelu / FastGelu kernels."""
-    return KA.gelu_forward_core("gelu", x.contiguous(), None, approximate)
+    return KA.gelu_forward_core("gelu", float_check("gelu", "input", x).contiguous(), None,
+                                approximate)
 
 
 @register_fake(f"{NS}::gelu")
@@ -376,7 +384,7 @@ def batch_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None,
     empty). A functional op (autograd needs one): the running statistics are updated by
     ``batch_norm_update_stats``."""
     op = "batch_norm"
-    x = x.contiguous()
+    x = KB.float_input(op, "input", x)
     n, c, s = KB.ncs(op, x, "input")
     scale = KB.channel_vec(op, "weight", weight, x, c, "input")
     shift = KB.channel_vec(op, "bias", bias, x, c, "input")
@@ -485,6 +493,16 @@ def cross_entropy(x: Tensor, target: Tensor, weight: Tensor | None, ignore_index
     x = x.contiguous()
     t = target.contiguous()
     w = None if weight is None else weight.contiguous()
+    try:
+        return _cross_entropy(x, t, w, ignore_index, reduction, smoothing, fused)
+    except KernelError:  # labels are range-checked natively: the message names them
+        _n, c, _d, sshape = KL.layout(op, x, 1, "input")
+        KL.labels_input(op, "target", target, sshape, c, ignore_index)
+        raise
+
+
+def _cross_entropy(x, t, w, ignore_index, reduction, smoothing, fused):
+    op = "cross_entropy"
     if fused and reduction != 0:
         r = KL.sce_forward_grad(op, x, t, weight=w, ignore_index=ignore_index,
                                 smoothing=smoothing, mean=reduction == 1)

@@ -240,7 +240,6 @@ def _adaptive_avg_pool2d(input, output_size):
 
 
 _T = torch.Tensor
-_HS = (1.0 / 6.0, 0.5)
 
 #: family -> [(torch function, name as in wrap's functional table, adapter)]
 FAMILIES: dict[str, list] = {
@@ -252,8 +251,8 @@ FAMILIES: dict[str, list] = {
         (torch.relu, "torch.relu", _act("Relu")),
         (_T.relu, "Tensor.relu", _act("Relu")),
         (F.leaky_relu, "F.leaky_relu", _leaky_relu),
-        (F.hardswish, "F.hardswish", _hard("HardSwish", *_HS)),
-        (F.hardsigmoid, "F.hardsigmoid", _hard("HardSigmoid", *_HS)),
+        # not F.hardswish / F.hardsigmoid: Dynamo puts them in the graph without calling
+        # the torch function mode (measured with torch 2.13), so they stay torch's
         (F.hardtanh, "F.hardtanh", _hardtanh),
         (F.relu6, "F.relu6", _hard("hardtanh", 0.0, 6.0)),
     ],

@@ -66,6 +66,9 @@ class Report:
     choices: dict | None = None  # signature -> {"side", "ours_ms", "torch_ms"}
     text: str = ""
     graph: dict | None = None  # ORTModule: ``ORTModule.report_data()``
+    # torch.compile: {"routed": functionals run as ortcpu:: ops in a compiled graph,
+    # "traced_ops": ortcpu:: ops traced into compiled graphs in this process}
+    compiled: dict | None = None
 
     def __str__(self) -> str:
         return self.text
@@ -198,8 +201,8 @@ def report(model, file="stdout", timing: bool = False) -> Report:
             lines.append(f"  {c['side']:<5} {ms:<18} {k}")
     else:
         lines.append(f"select={state.select!r}")
-    lines.append("under torch.compile the compiled graph is torch's; calls in it are not "
-                 "counted here")
+    compiled = _compiled(state)
+    lines.append(compiled.pop("line"))
     tim = None
     if timing:
         if not state.timing:
@@ -215,8 +218,30 @@ def report(model, file="stdout", timing: bool = False) -> Report:
     rep = Report(state.fallback, mods, skipped, dict(state.no_counterpart), funcs, tfuncs,
                  avail, missing, state.optimizer, tim,
                  {k: c["side"] for k, c in state.choices.items()},
-                 {k: dict(c) for k, c in state.choices.items()}, "\n".join(lines))
+                 {k: dict(c) for k, c in state.choices.items()}, "\n".join(lines),
+                 compiled=compiled)
     return _emit(rep, file)
+
+
+def _compiled(state) -> dict:
+    """What a compiled graph of this model runs on ours (``wrap(compile_kernels=...)``)."""
+    from ..ops.library import TRACED
+    from .compiled import routed_names
+
+    routed = routed_names(state) if getattr(state, "compile_kernels", ()) else []
+    traced = sorted(TRACED)
+    if routed:
+        line = ("under torch.compile: the " + ", ".join(state.compile_kernels) + " calls ("
+                + ", ".join(routed[:4]) + ", ...; swapped modules included) run as ortcpu:: "
+                "ops in the compiled graph, forward and backward kernels ours; everything "
+                "else in it is torch's (Inductor); "
+                "ortcpu:: ops traced into compiled graphs so far in this process: "
+                + (", ".join(traced) or "none") + "; calls in compiled graphs are not "
+                "counted here")
+    else:
+        line = ("under torch.compile (compile_kernels='torch') the compiled graph is "
+                "torch's; calls in it are not counted here")
+    return {"routed": routed, "traced_ops": traced, "line": line}
 
 
 def _emit(rep: Report, file) -> Report:

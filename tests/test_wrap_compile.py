@@ -1,0 +1,366 @@
+"""Our kernels as torch.library ops (``ortcpu_torch/ops/library.py``) and
+``torch.compile(wrap(model))`` running them inside the compiled graph (``wrap/compiled.py``).
+
+- every ``ortcpu::`` op passes ``torch.library.opcheck`` (schema, fake implementation,
+  autograd registration, AOT dispatch with dynamic shapes), matches torch forward and
+  backward in float32 and passes float64 gradcheck;
+- a wrapped model compiles once over a training loop (the wrapper's bookkeeping is not
+  guarded state), recompiles on shape changes no more than the plain model does, puts our
+  forward and backward ops in the graphs and trains like eager torch (losses, gradients,
+  BatchNorm running statistics);
+- ``compile_kernels="torch"`` keeps the old behaviour (the compiled graph is torch's),
+  ``exclude`` keeps an excluded module's calls on torch under compile too, and ``report()``
+  says which calls run as ortcpu:: ops.
+
+Compilation is slow: the default run uses the ``aot_eager`` backend (AOTAutograd with the
+ops, no Inductor codegen) and small models; the Inductor runs are marked ``slow``.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch._dynamo
+import torch._dynamo.testing
+import torch.nn.functional as F
+from functorch.compile import make_boxed_func
+from torch import nn
+from torch._dynamo.backends.common import aot_autograd
+from torch.library import opcheck
+
+import ortcpu_torch
+from ortcpu_torch import report, wrap
+
+O = torch.ops.ortcpu  # noqa: E741
+D = torch.float64
+
+
+@pytest.fixture(autouse=True)
+def _one_thread_fresh_dynamo():
+    torch.set_num_threads(1)
+    ortcpu_torch.set_num_threads(1)
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _r(*shape, dtype=D, grad=True, scale=1.0):
+    return (torch.randn(*shape, dtype=dtype) * scale).requires_grad_(grad)
+
+
+def _stats(c=3, dtype=D):
+    return torch.rand(c, dtype=dtype), torch.rand(c, dtype=dtype) + 0.5
+
+
+# (name, op, args builder, torch reference taking the same tensors and returning the
+# differentiable output)
+CASES = [
+    ("linear", O.linear, lambda: (_r(3, 5, 4), _r(6, 4), _r(6)),
+     lambda x, w, b: F.linear(x, w, b)),
+    ("linear_nobias_1d", O.linear, lambda: (_r(4), _r(6, 4), None),
+     lambda x, w, b: F.linear(x, w)),
+    ("gelu_erf", O.gelu, lambda: (_r(3, 7), 0), lambda x, a: F.gelu(x)),
+    ("gelu_tanh", O.gelu, lambda: (_r(3, 7), 1), lambda x, a: F.gelu(x, approximate="tanh")),
+    ("silu", O.act, lambda: (_r(3, 7), "QuickGelu", 1.0), lambda x, k, a: F.silu(x)),
+    ("relu", O.act, lambda: (_r(3, 7), "Relu", 0.0), lambda x, k, a: F.relu(x)),
+    ("leaky_relu", O.act, lambda: (_r(3, 7), "LeakyRelu", 0.2),
+     lambda x, k, a: F.leaky_relu(x, 0.2)),
+    ("hardswish", O.hard, lambda: (_r(5, 7, scale=4), "HardSwish", 1 / 6, 0.5),
+     lambda x, k, a, b: F.hardswish(x)),
+    ("relu6", O.hard, lambda: (_r(5, 7, scale=5), "hardtanh", 0.0, 6.0),
+     lambda x, k, a, b: F.relu6(x)),
+    ("softmax", O.softmax, lambda: (_r(3, 7), -1, False), lambda x, d, lg: F.softmax(x, d)),
+    ("log_softmax_dim1", O.softmax, lambda: (_r(3, 7, 2), 1, True),
+     lambda x, d, lg: F.log_softmax(x, d)),
+    ("layer_norm", O.layer_norm, lambda: (_r(3, 2, 8), _r(8), _r(8), 1, 1e-5, False),
+     lambda x, w, b, n, e, s: F.layer_norm(x, (8,), w, b, e)),
+    ("layer_norm_2d_nobias", O.layer_norm,
+     lambda: (_r(3, 2, 8), _r(2, 8), None, 2, 1e-5, False),
+     lambda x, w, b, n, e, s: F.layer_norm(x, (2, 8), w, None, e)),
+    ("rms_norm", O.layer_norm, lambda: (_r(3, 8), _r(8), None, 1, 1e-6, True),
+     lambda x, w, b, n, e, s: F.rms_norm(x, (8,), w, e)),
+    ("batch_norm_train", O.batch_norm,
+     lambda: (_r(4, 3, 5, 5), _r(3), _r(3), *_stats(), True, 1e-5),
+     lambda x, w, b, rm, rv, t, e: F.batch_norm(x, None, None, w, b, True, 0.1, e)),
+    ("batch_norm_eval", O.batch_norm,
+     lambda: (_r(4, 3, 5), _r(3), None, *_stats(), False, 1e-5),
+     lambda x, w, b, rm, rv, t, e: F.batch_norm(x, rm, rv, w, None, False, 0.1, e)),
+    ("cross_entropy_fused_mean", O.cross_entropy,
+     lambda: (_r(6, 5), torch.randint(0, 5, (6,)), None, -100, 1, 0.0, True),
+     lambda x, t, w, ig, red, sm, fu: F.cross_entropy(x, t)),
+    ("cross_entropy_none_weight_ignore_smooth", O.cross_entropy,
+     lambda: (_r(6, 5), torch.tensor([0, 2, 2, 4, 1, 3]), torch.rand(5, dtype=D), 2, 0,
+              0.1, False),
+     lambda x, t, w, ig, red, sm, fu: F.cross_entropy(x, t, w, ignore_index=2,
+                                                      reduction="none", label_smoothing=0.1)),
+    ("cross_entropy_sum_spatial", O.cross_entropy,
+     lambda: (_r(2, 5, 3), torch.randint(0, 5, (2, 3)), None, -100, 2, 0.0, True),
+     lambda x, t, w, ig, red, sm, fu: F.cross_entropy(x, t, reduction="sum")),
+    ("conv2d_groups_stride", O.conv,
+     lambda: (_r(2, 4, 7, 7), _r(6, 2, 3, 3), _r(6), [2, 1], [1, 0], [1, 1], 2),
+     lambda x, w, b, s, p, d, g: F.conv2d(x, w, b, s, p, d, g)),
+    ("conv1d_dilated_nobias", O.conv,
+     lambda: (_r(2, 3, 9), _r(4, 3, 3), None, [1], [2], [2], 1),
+     lambda x, w, b, s, p, d, g: F.conv1d(x, w, None, s, p, d, g)),
+    ("max_pool2d_ceil", O.max_pool,
+     lambda: (_r(2, 3, 7, 7), [3, 3], [2, 2], [1, 1], [1, 1], True),
+     lambda x, k, s, p, d, c: F.max_pool2d(x, k, s, p, d, c)),
+    ("avg_pool2d", O.avg_pool, lambda: (_r(2, 3, 7, 6), [3, 2], [2, 2], [1, 1], False, True),
+     lambda x, k, s, p, c, cip: F.avg_pool2d(x, k, s, p, c, cip)),
+    ("global_avg_pool", O.global_avg_pool, lambda: (_r(2, 3, 4, 5),),
+     lambda x: F.adaptive_avg_pool2d(x, 1)),
+]
+
+
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _f32(args):
+    return tuple(a.detach().float().requires_grad_(a.requires_grad)
+                 if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                 for a in args)
+
+
+@pytest.mark.parametrize("name,op,make,ref", CASES, ids=[c[0] for c in CASES])
+def test_op_opcheck_values_gradcheck(name, op, make, ref):
+    torch.manual_seed(0)
+    args = make()
+    result = opcheck(op, args)
+    assert set(result.values()) == {"SUCCESS"}, result
+    # float32 forward and backward vs torch
+    a32 = _f32(args)
+    r32 = tuple(a.detach().clone().requires_grad_(a.requires_grad)
+                if isinstance(a, torch.Tensor) else a for a in a32)
+    y, yr = _first(op(*a32)), ref(*r32)
+    torch.testing.assert_close(y, yr, rtol=1e-5, atol=1e-5)
+    g = torch.randn_like(yr)
+    y.backward(g)
+    yr.backward(g)
+    for a, b in zip(a32, r32, strict=True):
+        if isinstance(a, torch.Tensor) and a.requires_grad:
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+    # float64 gradcheck (fresh copies: running statistics must not drift between calls)
+    diff = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+
+    def fn(*ts):
+        full = list(args)
+        for i, t in zip(diff, ts, strict=True):
+            full[i] = t
+        full = [a.clone() if isinstance(a, torch.Tensor) and not a.requires_grad else a
+                for a in full]
+        return _first(op(*full))
+
+    assert torch.autograd.gradcheck(fn, tuple(args[i] for i in diff))
+
+
+def test_batch_norm_update_stats_opcheck_and_semantics():
+    rm, rv = torch.zeros(3, dtype=D), torch.ones(3, dtype=D)
+    mean, var = torch.rand(3, dtype=D), torch.rand(3, dtype=D)
+    assert set(opcheck(O.batch_norm_update_stats, (rm.clone(), rv.clone(), mean, var, 0.1,
+                                                   10)).values()) == {"SUCCESS"}
+    O.batch_norm_update_stats(rm, rv, mean, var, 0.1, 10)
+    torch.testing.assert_close(rm, 0.1 * mean)
+    torch.testing.assert_close(rv, 0.9 + 0.1 * var * 10 / 9)
+
+
+def test_ops_reject_bad_arguments_with_clear_errors():
+    x = torch.randn(3, 4)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        O.act(x, "Tanhh", 0.0)
+    with pytest.raises(ValueError, match="input's last dim must be in_features"):
+        O.linear(x, torch.randn(5, 3), None)
+    with pytest.raises(ValueError, match="target has label 7"):
+        O.cross_entropy(x, torch.tensor([0, 7, 1]), None, -100, 1, 0.0, False)
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        O.batch_norm(torch.randn(1, 3), None, None, None, None, True, 1e-5)
+    with pytest.raises((ValueError, TypeError)):
+        O.gelu(torch.randn(3, dtype=torch.float16), 0)
+
+
+# ---- torch.compile of wrapped models -----------------------------------------------------
+
+
+class MLP(nn.Module):
+    def __init__(self, d=16):
+        super().__init__()
+        self.fc1, self.act, self.ln = nn.Linear(d, 4 * d), nn.GELU(), nn.LayerNorm(4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x, y):
+        h = F.silu(self.fc2(self.ln(self.act(self.fc1(x)))))
+        return F.cross_entropy(torch.log_softmax(h, -1), y, label_smoothing=0.1)
+
+
+class CNN(nn.Module):
+    """torchvision-style: conv-BN-ReLU(inplace), MaxPool, a basic block with ``+=``,
+    global average pool, Linear."""
+
+    def __init__(self, c=4):
+        super().__init__()
+        self.stem, self.bn = nn.Conv2d(3, c, 3, padding=1), nn.BatchNorm2d(c)
+        self.relu, self.pool = nn.ReLU(inplace=True), nn.MaxPool2d(2)
+        self.c1, self.b1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.gap, self.fc = nn.AdaptiveAvgPool2d(1), nn.Linear(c, 5)
+
+    def forward(self, x, y):
+        x = self.pool(self.relu(self.bn(self.stem(x))))
+        out = self.b1(self.c1(x))
+        out += x
+        return F.cross_entropy(self.fc(torch.flatten(self.gap(self.relu(out)), 1)), y)
+
+
+def _batch(kind, n):
+    if kind == "mlp":
+        return torch.randn(n, 16), torch.randint(0, 16, (n,))
+    return torch.randn(n, 3, 8, 8), torch.randint(0, 5, (n,))
+
+
+class GraphRecorder:
+    """An aot_eager-like backend that keeps the forward and backward graphs' op names."""
+
+    def __init__(self):
+        self.frames, self.forward, self.backward = 0, set(), set()
+
+    def _keep(self, into):
+        def compiler(gm, example_inputs):
+            for n in gm.graph.nodes:
+                if n.op == "call_function":
+                    # a mutating op appears functionalized: auto_functionalized(op, ...)
+                    into.add(str(n.args[0] if "auto_functionalized" in str(n.target)
+                                 else n.target))
+            return make_boxed_func(gm.forward)
+        return compiler
+
+    def __call__(self, gm, example_inputs):
+        self.frames += 1
+        return aot_autograd(fw_compiler=self._keep(self.forward),
+                            bw_compiler=self._keep(self.backward))(gm, example_inputs)
+
+
+def _train_side_by_side(kind, model, steps, backend, **wrap_args):
+    torch.manual_seed(0)
+    ref = copy.deepcopy(model)
+    wrap(model, fallback="silent", select="ours", **wrap_args)
+    cm = torch.compile(model, backend=backend)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    opt_r = torch.optim.SGD(ref.parameters(), lr=0.05)
+    for _ in range(steps):
+        x, y = _batch(kind, 6)
+        losses = []
+        for m, o in ((cm, opt), (ref, opt_r)):
+            o.zero_grad()
+            loss = m(x, y)
+            loss.backward()
+            o.step()
+            losses.append(loss.detach())
+        torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
+    for (n, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=n)
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=n)
+    for (n, b), c in zip(model.named_buffers(), ref.buffers(), strict=True):
+        torch.testing.assert_close(b, c, rtol=1e-5, atol=1e-6, msg=n)
+    return cm, ref
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_compiled_wrapped_model_compiles_once_runs_our_ops_trains_like_torch(kind):
+    """Issue 14 defect 2: 20 steps, one compilation, our forward and backward ops in the
+    graphs, the same losses / parameters / gradients / BatchNorm statistics as torch."""
+    rec = GraphRecorder()
+    model = MLP() if kind == "mlp" else CNN()
+    cm, ref = _train_side_by_side(kind, model, 20, rec)
+    assert rec.frames == 1
+    want = {"linear", "cross_entropy"} | ({"gelu", "layer_norm", "softmax", "act"}
+                                          if kind == "mlp" else
+                                          {"conv", "batch_norm", "batch_norm_update_stats",
+                                           "max_pool", "global_avg_pool"})
+    fwd = {t.split(".")[1] for t in rec.forward if t.startswith("ortcpu.")}
+    bwd = {t.split(".")[1] for t in rec.backward if t.startswith("ortcpu.")}
+    assert want <= fwd, fwd
+    grads = {w + "_backward" for w in want if w not in ("batch_norm_update_stats",)}
+    assert grads <= bwd, bwd
+    if kind == "cnn":  # eval: running statistics, no update (one more graph, as torch)
+        model.eval()
+        ref.eval()
+        x, y = _batch(kind, 4)
+        torch.testing.assert_close(cm(x, y), ref(x, y), rtol=1e-5, atol=1e-6)
+    rep = report(model, file=None)
+    assert "ortcpu:: ops in the compiled graph" in rep.text
+    assert "F.linear" in rep.compiled["routed"]
+    assert {"linear", "cross_entropy"} <= set(rep.compiled["traced_ops"])
+
+
+def test_shape_changes_recompile_no_more_than_torch():
+    counts = []
+    for wrapped in (True, False):
+        torch._dynamo.reset()
+        m = MLP()
+        if wrapped:
+            wrap(m, fallback="silent", select="ours")
+        cnt = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+        cm = torch.compile(m, backend=cnt)
+        for n in (4, 6, 8, 4, 10):
+            cm(*_batch("mlp", n)).backward()
+        counts.append(cnt.frame_count)
+    assert counts[0] <= counts[1], counts
+
+
+def test_compile_kernels_torch_keeps_the_graph_torchs_and_families_select():
+    rec = GraphRecorder()
+    _train_side_by_side("mlp", MLP(), 3, rec, compile_kernels="torch")
+    assert rec.frames == 1
+    assert not any(t.startswith("ortcpu.") for t in rec.forward | rec.backward)
+    torch._dynamo.reset()
+    rec = GraphRecorder()
+    m, _ = _train_side_by_side("mlp", MLP(), 3, rec, compile_kernels=["linear"])
+    ours = {t.split(".")[1] for t in rec.forward if t.startswith("ortcpu.")}
+    assert ours == {"linear"}
+    assert "compile_kernels='torch'" in report(
+        wrap(MLP(), compile_kernels="torch"), file=None).text
+    with pytest.raises(ValueError, match="unknown families"):
+        wrap(MLP(), compile_kernels=["gemm"])
+    with pytest.raises(ValueError, match="compile_kernels must be"):
+        wrap(MLP(), compile_kernels="fastest")
+
+
+def test_exclude_keeps_an_excluded_module_on_torch_under_compile():
+    rec = GraphRecorder()
+    _train_side_by_side("mlp", MLP(), 2, rec, exclude=["ln", "F.cross_entropy"])
+    ours = {t.split(".")[1] for t in rec.forward if t.startswith("ortcpu.")}
+    assert "layer_norm" not in ours and "cross_entropy" not in ours
+    assert {"linear", "gelu"} <= ours
+
+
+def test_unsupported_calls_fall_back_to_torch_inside_the_graph():
+    """float16-free but unsupported configurations: inplace activations, string padding,
+    return_indices: torch's op is traced instead, results unchanged."""
+
+    class Odd(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(2, 2, 3, padding="same")
+
+        def forward(self, x):
+            h = F.silu(self.conv(x), inplace=False)
+            p, _idx = F.max_pool2d(h, 2, return_indices=True)
+            return F.relu(p, inplace=True).sum()
+
+    rec = GraphRecorder()
+    m = Odd()
+    ref = copy.deepcopy(m)
+    cm = torch.compile(wrap(m, fallback="silent", select="ours"), backend=rec)
+    x = torch.randn(2, 2, 6, 6)
+    torch.testing.assert_close(cm(x), ref(x), rtol=1e-5, atol=1e-6)
+    ours = {t.split(".")[1] for t in rec.forward if t.startswith("ortcpu.")}
+    assert ours == {"act"}, ours  # silu only; conv 'same', indices, inplace: torch
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_inductor_compiles_once_and_trains_like_torch(kind):
+    cnt = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+    _train_side_by_side(kind, MLP() if kind == "mlp" else CNN(), 20, cnt)
+    assert cnt.frame_count == 1
