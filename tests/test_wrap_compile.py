@@ -31,6 +31,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch.library import opcheck
 
 import ortcpu_torch
+import ortcpu_torch.ops.library  # noqa: F401  (registers the ortcpu:: ops)
 from ortcpu_torch import report, wrap
 
 O = torch.ops.ortcpu  # noqa: E741

@@ -210,21 +210,21 @@ class State:
         self.sides: dict = {}
         self.times = {"forward": dict.fromkeys(SIDES, 0), "backward": dict.fromkeys(SIDES, 0)}
         self._local = threading.local()
-        # torch.compile: the families routed to ortcpu:: custom ops while Dynamo traces,
-        # their tables (built now: nothing may be computed, or read and then changed,
-        # while tracing), and the stack of CompiledKernelModes entered by the root's hook
+        # torch.compile: the families routed to ortcpu:: ops while Dynamo traces, and the
+        # one CompiledKernelMode the root's hooks enter and leave, built now (nothing may
+        # be computed, or read and then changed, while tracing); None for "torch"
         self.compile_kernels = check_compile_kernels(compile_kernels)
-        self._build_compile_tables()
+        self._build_compile_mode()
 
-    def _build_compile_tables(self) -> None:
-        from .compiled import tables
+    def _build_compile_mode(self) -> None:
+        from .compiled import CompiledKernelMode, tables
 
-        self.compile_tables = tables(self)
-        self.compile_modes: list = []
+        self.compile_mode = CompiledKernelMode(*tables(self)) if self.compile_kernels \
+            else None
 
     def __getstate__(self):
         d = dict(self.__dict__)
-        for k in ("_local", "compile_tables", "compile_modes"):
+        for k in ("_local", "compile_mode"):
             d.pop(k, None)
         d["sides"] = {}
         return d
@@ -235,7 +235,7 @@ class State:
         self.__dict__.update(d)
         self._local = threading.local()
         self.compile_kernels = check_compile_kernels(d.get("compile_kernels", "ours"))
-        self._build_compile_tables()
+        self._build_compile_mode()
 
     @property
     def modes(self) -> list:

@@ -16,7 +16,6 @@ import sys
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .compiled import CompiledKernelMode
 from .policy import State, Stats, Unsupported, context_reason, exc_reason, values_reason
 from .select import call_key, choose
 from .tables import BY_FUNC, IGNORED_ARGS, NO_DEFAULT, FuncEntry, class_path
@@ -227,11 +226,11 @@ class EnterHook:
 
     def __call__(self, module, args):
         if torch.compiler.is_compiling():
-            state = self.state
-            if state.compile_kernels:
-                mode = CompiledKernelMode(*state.compile_tables)
+            # one mode object made at wrap time: creating (or stacking) it here would be
+            # state Dynamo rebuilds after every call of the compiled graph
+            mode = self.state.compile_mode
+            if mode is not None:
                 mode.__enter__()
-                state.compile_modes.append(mode)
             return
         mode = KernelMode(self.state)
         mode.__enter__()
@@ -246,9 +245,9 @@ class ExitHook:
 
     def __call__(self, module, args, output):
         if torch.compiler.is_compiling():
-            modes = self.state.compile_modes
-            if modes:
-                modes.pop().__exit__(None, None, None)
+            mode = self.state.compile_mode
+            if mode is not None:
+                mode.__exit__(None, None, None)
             return
         modes = self.state.modes
         if modes:

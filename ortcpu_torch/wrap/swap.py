@@ -114,9 +114,11 @@ def sync_to_original(new, orig, attrs) -> None:
     """The original runs the fallback: give it what may have changed on the swapped module
     since wrapping (training flag, config attributes, re-assigned parameters)."""
     nd, od = new.__dict__, orig.__dict__
-    od["training"] = nd["training"]  # a plain attribute: what Module.__setattr__ would do
+    # written only when changed: under torch.compile a write is replayed after every call
+    if od["training"] is not nd["training"]:
+        od["training"] = nd["training"]  # a plain attribute: what Module.__setattr__ does
     for k in attrs:
-        if k in nd:
+        if k in nd and od.get(k) is not nd[k]:
             od[k] = nd[k]
     for d in ("_parameters", "_buffers"):
         odd, ndd = od[d], nd[d]
@@ -242,8 +244,8 @@ class ScopeEnter:
     def __call__(self, module, args):
         if not torch.compiler.is_compiling():
             self.state.scopes.append(self.on)
-        elif self.state.compile_modes:
-            self.state.compile_modes[-1].scopes.append(self.on)
+        elif self.state.compile_mode is not None:
+            self.state.compile_mode.scopes.append(self.on)
 
 
 class ScopeExit:
@@ -255,8 +257,8 @@ class ScopeExit:
     def __call__(self, module, args, output):
         if not torch.compiler.is_compiling():
             scopes = self.state.scopes
-        elif self.state.compile_modes:
-            scopes = self.state.compile_modes[-1].scopes
+        elif self.state.compile_mode is not None:
+            scopes = self.state.compile_mode.scopes
         else:
             return
         if scopes:
