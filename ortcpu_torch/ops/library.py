@@ -654,13 +654,28 @@ def _pool_attrs(kernel_size, stride, padding, ceil_mode, dilation=None) -> dict:
     return a
 
 
+_2X2 = {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [0, 0, 0, 0],
+        "dilations": [1, 1], "ceil_mode": 0}
+
+
+def _is_2x2(x, kernel_size, stride, padding, dilation, ceil_mode) -> bool:
+    """The 2x2 stride-2 unpadded pool of a 4-D input: argmax kept as a 1-byte code."""
+    return (x.dim() == 4 and list(kernel_size) == [2, 2] and list(stride) == [2, 2]
+            and list(padding) == [0, 0] and list(dilation) == [1, 1] and not ceil_mode)
+
+
 @_op("max_pool")
 def max_pool(x: Tensor, kernel_size: Sequence[int], stride: Sequence[int],
              padding: Sequence[int], dilation: Sequence[int],
              ceil_mode: bool) -> tuple[Tensor, Tensor]:
     """(y, indices) of max pooling over 1-3 spatial dims, batched [N, C, ...] input (ORT
-    MaxPool; indices are flat over the whole input, for ``max_pool_backward``)."""
-    return KP.maxpool_forward("max_pool", x.contiguous(), True,
+    MaxPool; indices int64 flat over the whole input, or for the 2x2 stride-2 pool a
+    uint8 argmax code per window, for ``max_pool_backward``)."""
+    x = KP.float_input("max_pool", "X", x)
+    if _is_2x2(x, kernel_size, stride, padding, dilation, ceil_mode):
+        geom, out = KP.pool_geometry("max_pool", x.shape, 2, **_2X2)
+        return KP.maxpool2x2_forward("max_pool", x, geom, out)
+    return KP.maxpool_forward("max_pool", x, True,
                               **_pool_attrs(kernel_size, stride, padding, ceil_mode,
                                             dilation))
 
@@ -673,12 +688,18 @@ _AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
 def _(x, kernel_size, stride, padding, dilation, ceil_mode):
     TRACED[f"max_pool{x.dim() - 2}d"] += 1
     y = _MAX_POOL[x.dim() - 2](x, kernel_size, stride, padding, dilation, ceil_mode)
-    return y.new_empty(y.shape), y.new_empty(y.shape, dtype=torch.int64)
+    code = _is_2x2(x, kernel_size, stride, padding, dilation, ceil_mode)
+    return y.new_empty(y.shape), y.new_empty(y.shape, dtype=torch.uint8 if code
+                                             else torch.int64)
 
 
 @_op("max_pool_backward")
 def max_pool_backward(dy: Tensor, indices: Tensor, x: Tensor) -> Tensor:
-    """dX of ``max_pool`` (ORT MaxPoolGrad): dY scattered to the indices."""
+    """dX of ``max_pool`` (ORT MaxPoolGrad): dY scattered to the indices (or codes)."""
+    if indices.dtype == torch.uint8:
+        geom, _ = KP.pool_geometry("max_pool", x.shape, 2, **_2X2)
+        return KP.maxpool2x2_backward("max_pool", dy.contiguous(), indices.contiguous(),
+                                      tuple(x.shape), geom)
     return KP.maxpool_backward("max_pool", dy.contiguous(), indices, tuple(x.shape))
 
 
