@@ -27,6 +27,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..ops import library as L
 from ..ops.conv import _tuple
+from ..ops.pool import _pool_attrs
 from .policy import FLOATS
 
 _OPS = torch.ops.ortcpu
@@ -196,17 +197,11 @@ def _conv(r: int):
 
 
 def _pool_args(r, kernel_size, stride, padding, dilation=1):
+    """(kernel, stride, padding, dilation) lists as the eager ops check them, or None."""
     try:
-        k = _tuple("kernel_size", kernel_size, r, 1)
-        s = k if stride is None or (not isinstance(stride, int) and len(stride) == 0) else \
-            _tuple("stride", stride, r, 1)
-        p = _tuple("padding", padding, r, 0)
-        d = _tuple("dilation", dilation, r, 1)
+        return _pool_attrs("pool", r, kernel_size, stride, padding, dilation)
     except (TypeError, ValueError):
         return None
-    if any(p[i] > k[i] // 2 for i in range(r)):
-        return None
-    return k, s, p, d
 
 
 def _max_pool(r: int):
