@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ortcpu_torch
+import ortcpu_torch.ops.library  # noqa: F401  (registers the ortcpu:: ops)
 from ortcpu_torch.kernels import activations as KA
 
 from ._util import machine_info, set_threads
