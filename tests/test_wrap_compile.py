@@ -275,7 +275,7 @@ def test_compiled_wrapped_model_compiles_once_runs_our_ops_trains_like_torch(kin
     graphs, the same losses / parameters / gradients / BatchNorm statistics as torch."""
     rec = GraphRecorder()
     model = MLP() if kind == "mlp" else CNN()
-    cm, ref = _train_side_by_side(kind, model, 20, rec)
+    cm, ref = _train_side_by_side(kind, model, 20, rec, compile_kernels="ours")
     assert rec.frames == 1
     want = {"linear", "cross_entropy"} | ({"gelu", "layer_norm", "softmax", "act"}
                                           if kind == "mlp" else
@@ -303,7 +303,7 @@ def test_shape_changes_recompile_no_more_than_torch():
         torch._dynamo.reset()
         m = MLP()
         if wrapped:
-            wrap(m, fallback="silent", select="ours")
+            wrap(m, fallback="silent", select="ours", compile_kernels="ours")
         cnt = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
         cm = torch.compile(m, backend=cnt)
         for n in (4, 6, 8, 4, 10):
@@ -330,9 +330,19 @@ def test_compile_kernels_torch_keeps_the_graph_torchs_and_families_select():
         wrap(MLP(), compile_kernels="fastest")
 
 
+def test_default_compile_kernels_auto_routes_conv_batchnorm_pool_only():
+    rec = GraphRecorder()
+    _train_side_by_side("cnn", CNN(), 2, rec)
+    ours = {t.split(".")[1] for t in rec.forward if t.startswith("ortcpu.")}
+    assert ours == {"conv", "batch_norm", "batch_norm_update_stats", "max_pool",
+                    "global_avg_pool"}, ours
+    assert report(wrap(CNN()), file=None).compiled["routed"][:1] == ["F.conv1d"]
+
+
 def test_exclude_keeps_an_excluded_module_on_torch_under_compile():
     rec = GraphRecorder()
-    _train_side_by_side("mlp", MLP(), 2, rec, exclude=["ln", "F.cross_entropy"])
+    _train_side_by_side("mlp", MLP(), 2, rec, exclude=["ln", "F.cross_entropy"],
+                        compile_kernels="ours")
     ours = {t.split(".")[1] for t in rec.forward if t.startswith("ortcpu.")}
     assert "layer_norm" not in ours and "cross_entropy" not in ours
     assert {"linear", "gelu"} <= ours
@@ -355,7 +365,8 @@ def test_unsupported_calls_fall_back_to_torch_inside_the_graph():
     rec = GraphRecorder()
     m = Odd()
     ref = copy.deepcopy(m)
-    cm = torch.compile(wrap(m, fallback="silent", select="ours"), backend=rec)
+    cm = torch.compile(wrap(m, fallback="silent", select="ours", compile_kernels="ours"),
+                       backend=rec)
     x = torch.randn(2, 2, 6, 6)
     torch.testing.assert_close(cm(x), ref(x), rtol=1e-5, atol=1e-6)
     ours = {t.split(".")[1] for t in rec.forward if t.startswith("ortcpu.")}
@@ -366,5 +377,6 @@ def test_unsupported_calls_fall_back_to_torch_inside_the_graph():
 @pytest.mark.parametrize("kind", ["mlp", "cnn"])
 def test_inductor_compiles_once_and_trains_like_torch(kind):
     cnt = torch._dynamo.testing.CompileCounterWithBackend("inductor")
-    _train_side_by_side(kind, MLP() if kind == "mlp" else CNN(), 20, cnt)
+    _train_side_by_side(kind, MLP() if kind == "mlp" else CNN(), 20, cnt,
+                        compile_kernels="ours")
     assert cnt.frame_count == 1

@@ -29,7 +29,7 @@ def _under(qualname: str, prefixes) -> bool:
 
 
 def wrap(model: torch.nn.Module, *, fallback: str = "warn", include=None, exclude=None,
-         timing: bool = False, select="fastest", compile_kernels="ours"):
+         timing: bool = False, select="fastest", compile_kernels="auto"):
     """Run ``model`` on ortcpu_torch kernels; returns the same object, changed in place.
 
     Swaps every submodule whose type is exactly a supported ``torch.nn`` class for its
@@ -71,23 +71,26 @@ def wrap(model: torch.nn.Module, *, fallback: str = "warn", include=None, exclud
     their regular path instead.
 
     ``compile_kernels``: what ``torch.compile(model)`` puts in the compiled graph for the
-    supported functionals and swapped modules. ``"ours"`` (default): our kernels, as
-    ``torch.library`` custom ops (``ortcpu::linear``, ``ortcpu::layer_norm``, ...; see
-    ``ortcpu_torch.ops.library``) with fake shapes and autograd formulas, so the graph
-    calls our forward and gradient kernels and Inductor compiles the rest; ``"torch"``:
-    the wrapper steps aside and the compiled graph is torch's; or a list of families
-    from ``ortcpu_torch.wrap.compiled.FAMILIES`` (``["linear", "layer_norm"]``) routed
-    to ours, the rest to torch. ``include``/``exclude`` apply as in eager. Either way the
-    model compiles once (nothing the wrapper counts is read while Dynamo traces), and
-    ``select`` does not apply under compile (nothing is measured while tracing). Why
-    ``"ours"`` is the default (``python -m benchmarks.wrap_compile``, training steps, AVX2
-    EPYC, 1 thread, machine loaded): on a ResNet-style CNN block the compiled graph with
-    our kernels ran 0.94x the eager wrapped model's speed against 0.66x with torch's
-    inside (Inductor's CPU convolutions and BatchNorm trail ours there), on a GPT-style
-    block 1.07x against 1.06x; on a small MLP (64x256) torch's inside is faster (1.10x
-    against 0.86x: each ortcpu:: call pays ~10-20 us of dispatch through torch.library's
-    Python autograd layer). Mixing families is rarely better: an Inductor convolution
-    feeding our BatchNorm converts layouts on every call.
+    supported functionals and swapped modules: our kernels as ``torch.library`` operators
+    (``ortcpu::conv``, ``ortcpu::linear``, ...; see ``ortcpu_torch.ops.library``) with
+    fake shapes and autograd formulas, so the graph calls our forward and gradient
+    kernels and Inductor compiles the rest, or torch's own ops. ``"auto"`` (default):
+    ours for the families that measured faster inside a compiled graph
+    (``ortcpu_torch.wrap.compiled.AUTO``: convolution, BatchNorm, pooling), torch's for
+    the rest; ``"ours"``: every family ours; ``"torch"``: the wrapper steps aside and the
+    compiled graph is torch's; or a list of families from
+    ``ortcpu_torch.wrap.compiled.FAMILIES`` (``["linear", "layer_norm"]``).
+    ``include``/``exclude`` apply as in eager. Either way the model compiles once (nothing
+    the wrapper counts is read while Dynamo traces), and ``select`` does not apply under
+    compile (nothing is measured while tracing). Why ``"auto"`` (``python -m
+    benchmarks.wrap_compile``, training steps, AVX2 EPYC, 1 thread, machine loaded;
+    ratio = eager wrapped time / this): a ResNet-style CNN block ran 0.96x with every
+    family ours against 0.76x with torch's inside (Inductor's CPU convolutions and
+    BatchNorm trail ours); a GPT-style block 1.09x against 1.15x and a small MLP
+    (64x256) 0.66x against 0.88x (each ortcpu:: call pays ~10-20 us of dispatch through
+    torch.library's Python autograd layer, and Inductor fuses what surrounds torch's
+    ops). Mixing inside one family chain costs more: an Inductor convolution feeding our
+    BatchNorm converts layouts on every call, so conv, BatchNorm and pooling go together.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"wrap: model must be a torch.nn.Module, got {type(model).__name__}")
@@ -194,7 +197,7 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 def optimize(model: torch.nn.Module, optimizer=None, *, fallback: str = "warn",
              include=None, exclude=None, timing: bool = False, select="fastest",
-             compile_kernels="ours"):
+             compile_kernels="auto"):
     """``wrap(model)`` and replace a ``torch.optim.AdamW/Adam/SGD`` by ortcpu_torch's
     (same param groups, state carried over) when ``ortcpu_torch.optim`` has it. Returns
     ``(model, optimizer)``; what was done is in ``report(model)``. An LR scheduler built on

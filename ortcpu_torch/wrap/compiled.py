@@ -273,20 +273,28 @@ FAMILIES: dict[str, list] = {
              (F.adaptive_avg_pool2d, "F.adaptive_avg_pool2d", _adaptive_avg_pool2d)],
 }
 
-#: ``compile_kernels="ours"``: every family; see ``wrap``'s docstring for the default
+#: ``compile_kernels="ours"``: every family
 ALL = tuple(FAMILIES)
-COMPILE_CHOICES = ("ours", "torch")
+#: ``compile_kernels="auto"`` (the default): the families whose ortcpu:: ops measured
+#: faster inside an Inductor graph than Inductor's own code (benchmarks/wrap_compile.py,
+#: AVX2 EPYC): convolution, BatchNorm and pooling. The transformer families (GEMM,
+#: GELU, LayerNorm, softmax, cross entropy) measured slower there: Inductor fuses their
+#: neighbours and each ortcpu:: call pays torch.library's Python dispatch.
+AUTO = ("conv", "batch_norm", "pool")
+COMPILE_CHOICES = ("auto", "ours", "torch")
 
 
 def check_compile_kernels(value) -> tuple[str, ...]:
     """The families ``wrap(compile_kernels=value)`` routes under torch.compile."""
+    if value == "auto":
+        return AUTO
     if value == "ours":
         return ALL
     if value == "torch":
         return ()
     if isinstance(value, str) or not hasattr(value, "__iter__"):
-        raise ValueError(f"wrap: compile_kernels must be 'ours', 'torch' or a list of "
-                         f"families from {list(FAMILIES)}, got {value!r}")
+        raise ValueError(f"wrap: compile_kernels must be one of {COMPILE_CHOICES} or a list "
+                         f"of families from {list(FAMILIES)}, got {value!r}")
     fams = tuple(value)
     bad = [f for f in fams if f not in FAMILIES]
     if bad:

@@ -179,7 +179,7 @@ class State:
     name is selected."""
 
     def __init__(self, fallback: str, include=None, exclude=None, timing: bool = False,
-                 select="fastest", compile_kernels="ours"):
+                 select="fastest", compile_kernels="auto"):
         from .compiled import check_compile_kernels
         from .select import check_select
 
@@ -234,7 +234,7 @@ class State:
 
         self.__dict__.update(d)
         self._local = threading.local()
-        self.compile_kernels = check_compile_kernels(d.get("compile_kernels", "ours"))
+        self.compile_kernels = check_compile_kernels(d.get("compile_kernels", "auto"))
         self._build_compile_mode()
 
     @property
