@@ -83,11 +83,12 @@ def wrap(model: torch.nn.Module, *, fallback: str = "warn", include=None, exclud
     ``include``/``exclude`` apply as in eager. Either way the model compiles once (nothing
     the wrapper counts is read while Dynamo traces), and ``select`` does not apply under
     compile (nothing is measured while tracing). Why ``"auto"`` (``python -m
-    benchmarks.wrap_compile``, training steps, AVX2 EPYC, 1 thread, machine loaded;
-    ratio = eager wrapped time / this): a ResNet-style CNN block ran 0.96x with every
-    family ours against 0.76x with torch's inside (Inductor's CPU convolutions and
-    BatchNorm trail ours); a GPT-style block 1.09x against 1.15x and a small MLP
-    (64x256) 0.66x against 0.88x (each ortcpu:: call pays ~10-20 us of dispatch through
+    benchmarks.wrap_compile``, training steps, AVX2 EPYC, 1 thread, machine loaded, two
+    runs; ratio = eager wrapped time / this): on a ResNet-style CNN block "auto" ran
+    1.02-1.08x, every family ours 0.96-0.97x, torch's inside 0.76-0.84x (Inductor's CPU
+    convolutions and BatchNorm trail ours); on a GPT-style block every family ours ran
+    0.99-1.09x against 1.01-1.15x with torch's inside, on a small MLP (64x256) 0.66-0.95x
+    against 0.88-1.08x (each ortcpu:: call pays ~10-20 us of dispatch through
     torch.library's Python autograd layer, and Inductor fuses what surrounds torch's
     ops). Mixing inside one family chain costs more: an Inductor convolution feeding our
     BatchNorm converts layouts on every call, so conv, BatchNorm and pooling go together.
