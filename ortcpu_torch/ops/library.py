@@ -5,6 +5,8 @@ forward op an autograd formula (``register_autograd``) whose backward is another
 running ORT's gradient kernel. ``wrap()`` routes the supported functionals to these ops
 while Dynamo traces (``wrap/compiled.py``); eager code keeps using the
 ``autograd.Function``s of ``ops`` (a dispatcher round trip costs more than they do).
+Importing this module registers the ops (``wrap`` imports it); ``torch.ops.ortcpu.<name>``
+exists from then on.
 
 Op pairs (forward -> backward), all float32/float64 CPU:
 
