@@ -131,3 +131,24 @@ def test_kernel_mode_is_restored_when_a_torch_chosen_module_raises():
     assert torch._C._len_torch_function_stack() == depth
     model[1].weight.data = torch.randn(2, 8)
     model(torch.randn(4, 8)).sum().backward()
+
+
+def test_views_and_metadata_reads_are_counted_without_their_module():
+    """The kernel mode counts views and metadata reads on a fast path (no lookup of the
+    calling module); computing torch functions keep the module that called them."""
+
+    class Net(nn.Module):
+        def forward(self, x):
+            return torch.tanh(x.view(2, 6).transpose(0, 1)).reshape(12) * x.shape[0]
+
+    m = ortcpu_torch.wrap(Net(), fallback="silent")
+    for _ in range(3):
+        m(torch.randn(12))
+    rep = ortcpu_torch.report(m, file=None)
+    funcs = {d["name"]: d for d in rep.torch_functions}
+    for name in ("Tensor.view", "Tensor.transpose", "Tensor.reshape", "Tensor.shape.__get__"):
+        d = funcs[name]
+        assert d["metadata"] and d["calls"] == 3 and d["modules"], d
+    assert funcs["torch.tanh"]["modules"] == [f"{Net.__module__}.{Net.__qualname__}"]
+    assert not funcs["torch.tanh"]["metadata"] and funcs["torch.tanh"]["calls"] == 3
+    assert "views and metadata reads on torch (no arithmetic)" in rep.text
