@@ -178,6 +178,7 @@ def test_formula_modules_swapped_only_when_they_compute_our_kernel(act, norm, sw
 _SDPA = {
     "plain": dict(),
     "causal": dict(is_causal=True),
+    "causal_wide": dict(is_causal=True),  # 7 queries, 9 keys: the top-left aligned mask
     "scale": dict(scale=0.3),
     "bool_mask": dict(attn_mask=torch.rand(7, 9, generator=torch.Generator().manual_seed(0))
                       > 0.3),

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -194,6 +195,13 @@ def matmul(input: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     return _MatMul.apply(input, other)
 
 
+@functools.lru_cache(maxsize=16)
+def _above_diagonal(L: int, S: int) -> torch.Tensor:
+    """[L, S] bool mask of what a causal (top-left aligned) attention hides: j > i. Cached:
+    building it costs as much as filling the scores with it. Read-only by convention."""
+    return torch.ones(L, S, dtype=torch.bool).triu_(1)
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False):
     """Like ``torch.nn.functional.scaled_dot_product_attention`` for [..., L, E] query and
@@ -236,7 +244,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         raise ValueError(f"{op}: batch dims differ: {list(query.shape)}, {list(key.shape)}, "
                          f"{list(value.shape)} (broadcast batch dims are not implemented)")
     s = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
-    scores = matmul(query, key.transpose(-2, -1)) * s
+    # in place on our GEMM's fresh output (neither op's backward reads it)
+    scores = matmul(query, key.transpose(-2, -1)).mul_(s)
     L, S = scores.shape[-2], scores.shape[-1]
     if attn_mask is not None:
         try:
@@ -245,8 +254,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             raise ValueError(f"{op}: attn_mask of shape {list(attn_mask.shape)} does not "
                              f"broadcast to the scores' {list(scores.shape)}") from None
     if is_causal:
-        keep = torch.ones(L, S, dtype=torch.bool).tril()
-        scores = scores.masked_fill(~keep, float("-inf"))
+        scores = scores.masked_fill_(_above_diagonal(L, S), float("-inf"))
     elif attn_mask is not None:
         if attn_mask.dtype == torch.bool:
             scores = scores.masked_fill(~attn_mask, float("-inf"))
