@@ -22,8 +22,9 @@ from .tables import BY_FUNC, IGNORED_ARGS, NO_DEFAULT, FuncEntry, class_path
 from .timing import timed
 
 
-def ours_call(entry: FuncEntry, ours, args, kwargs):
-    """Bind torch's arguments and call our op with those it takes (by name)."""
+def ours_call(entry: FuncEntry, ours, args, kwargs, checked: bool = False):
+    """Bind torch's arguments and call our op with those it takes (by name); ``checked``:
+    the caller has already found every value supported (``values_reason``)."""
     bound = {}
     names = entry.params
     if len(args) > len(names):
@@ -34,12 +35,13 @@ def ours_call(entry: FuncEntry, ours, args, kwargs):
         if k in bound:
             raise Unsupported(f"{entry.name}: argument {k} given twice")
         bound[k] = v
-    r = values_reason(bound.values())
-    if r is not None:
-        raise Unsupported(r)
+    if not checked:
+        r = values_reason(bound.values())
+        if r is not None:
+            raise Unsupported(r)
     accepted = accepted_names(ours)
     call = {}
-    defaults = dict(names)
+    defaults = entry.defaults
     for k, v in bound.items():
         if k in IGNORED_ARGS:
             continue
@@ -233,9 +235,9 @@ class KernelMode(TorchFunctionMode):
             k = f"no kernel in this build (ortcpu_torch.ops.{entry.op} missing)"
             stats.reasons.setdefault(k, [k, 0])[1] += 1
             return func(*args, **kwargs)
-        reason = context_reason()
-        if reason is None and state.select != "ours" and values_reason(args) is None and \
-                (not kwargs or values_reason(kwargs.values()) is None):
+        reason = context_reason() or values_reason(args) or (
+            values_reason(kwargs.values()) if kwargs else None)
+        if reason is None and state.select != "ours":
             key = (entry.name, call_key(args, kwargs))
             side = state.sides.get(key)
             if side is None:  # a new signature: measure
@@ -248,8 +250,8 @@ class KernelMode(TorchFunctionMode):
                     else func(*args, **kwargs)
         if reason is None:
             try:
-                out = timed(state, "ours", ours_call, entry, ours, args, kwargs) \
-                    if state.timing else ours_call(entry, ours, args, kwargs)
+                out = timed(state, "ours", ours_call, entry, ours, args, kwargs, True) \
+                    if state.timing else ours_call(entry, ours, args, kwargs, True)
                 stats.ours += 1
                 return out
             except Unsupported as e:
