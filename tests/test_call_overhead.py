@@ -152,3 +152,23 @@ def test_views_and_metadata_reads_are_counted_without_their_module():
     assert funcs["torch.tanh"]["modules"] == [f"{Net.__module__}.{Net.__qualname__}"]
     assert not funcs["torch.tanh"]["metadata"] and funcs["torch.tanh"]["calls"] == 3
     assert "views and metadata reads on torch (no arithmetic)" in rep.text
+
+
+@pytest.mark.parametrize("op", ["linear", "gelu"])
+def test_backward_takes_the_upstream_gradient_autograd_casts(op):
+    """The backward of linear/gelu does not re-check dy: autograd hands it in the output's
+    dtype and shape, even when the caller passes a float64 gradient for a float32 output."""
+    x, w = torch.randn(4, 3, 5), torch.randn(2, 5)
+    xs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
+    ws = [w.clone().requires_grad_(), w.clone().requires_grad_()]
+    fs = (ops.linear, torch.nn.functional.linear) if op == "linear" else \
+        (lambda a, _w: ops.gelu(a), lambda a, _w: torch.nn.functional.gelu(a))
+    g = None
+    for f, xi, wi in zip(fs, xs, ws, strict=True):
+        y = f(xi, wi)
+        g = torch.randn(y.shape, dtype=torch.float64) if g is None else g
+        y.backward(g)
+    assert xs[0].grad.dtype == torch.float32
+    torch.testing.assert_close(xs[0].grad, xs[1].grad, rtol=1e-5, atol=1e-6)
+    if op == "linear":
+        torch.testing.assert_close(ws[0].grad, ws[1].grad, rtol=1e-5, atol=1e-5)
