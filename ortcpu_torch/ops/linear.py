@@ -196,10 +196,13 @@ def matmul(input: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=16)
-def _above_diagonal(L: int, S: int) -> torch.Tensor:
-    """[L, S] bool mask of what a causal (top-left aligned) attention hides: j > i. Cached:
-    building it costs as much as filling the scores with it. Read-only by convention."""
-    return torch.ones(L, S, dtype=torch.bool).triu_(1)
+def _causal_bias(L: int, S: int, dtype: torch.dtype) -> torch.Tensor:
+    """[L, S] additive mask of a causal (top-left aligned) attention: -inf where j > i,
+    else 0 (torch's math attention adds the same). Added in place, it costs no backward
+    pass (a masked_fill's backward is a full pass over the scores); cached per shape, so
+    it is not rebuilt per call. Read-only by convention."""
+    return torch.zeros(L, S, dtype=dtype).masked_fill_(
+        torch.ones(L, S, dtype=torch.bool).triu_(1), float("-inf"))
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
@@ -244,8 +247,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         raise ValueError(f"{op}: batch dims differ: {list(query.shape)}, {list(key.shape)}, "
                          f"{list(value.shape)} (broadcast batch dims are not implemented)")
     s = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
-    # in place on our GEMM's fresh output (neither op's backward reads it)
-    scores = matmul(query, key.transpose(-2, -1)).mul_(s)
+    # the scale on the query, the smaller operand: its backward pass reads [.., L, E],
+    # not the [.., L, S] scores
+    scores = matmul(query * s, key.transpose(-2, -1))
     L, S = scores.shape[-2], scores.shape[-1]
     if attn_mask is not None:
         try:
@@ -254,7 +258,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             raise ValueError(f"{op}: attn_mask of shape {list(attn_mask.shape)} does not "
                              f"broadcast to the scores' {list(scores.shape)}") from None
     if is_causal:
-        scores = scores.masked_fill_(_above_diagonal(L, S), float("-inf"))
+        # in place on our GEMM's fresh output (its backward does not read it)
+        scores = scores.add_(_causal_bias(L, S, scores.dtype))
     elif attn_mask is not None:
         if attn_mask.dtype == torch.bool:
             scores = scores.masked_fill(~attn_mask, float("-inf"))
