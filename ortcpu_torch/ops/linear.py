@@ -196,13 +196,14 @@ def matmul(input: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=16)
-def _causal_bias(L: int, S: int, dtype: torch.dtype) -> torch.Tensor:
-    """[L, S] additive mask of a causal (top-left aligned) attention: -inf where j > i,
-    else 0 (torch's math attention adds the same). Added in place, it costs no backward
-    pass (a masked_fill's backward is a full pass over the scores); cached per shape, so
-    it is not rebuilt per call. Read-only by convention."""
-    return torch.zeros(L, S, dtype=dtype).masked_fill_(
+def _causal_bias(L: int, S: int, dtype: torch.dtype, blocks: int = 1) -> torch.Tensor:
+    """[blocks * L, S] additive mask of a causal (top-left aligned) attention, ``blocks``
+    times the [L, S] one: -inf where j > i, else 0 (torch's math attention adds the same).
+    Added in place, it costs no backward pass (a masked_fill's backward is a full pass over
+    the scores); cached per shape, so it is not rebuilt per call. Read-only by convention."""
+    bias = torch.zeros(L, S, dtype=dtype).masked_fill_(
         torch.ones(L, S, dtype=torch.bool).triu_(1), float("-inf"))
+    return bias.repeat(blocks, 1) if blocks > 1 else bias
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
@@ -212,12 +213,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     ``softmax(q·kᵀ·scale + mask)·v`` (``scale`` default 1/sqrt(E); ``is_causal``: the
     upper triangle masked; ``attn_mask`` boolean (True = attend) or additive float,
     broadcast to [..., L, S]; ``dropout_p`` applied to the attention weights with our
-    dropout; ``enable_gqa``: key/value heads (dim -3) repeated to the query's). The mask
-    and scale are applied by torch between the GEMMs (no fused kernel yet), so on small
-    shapes torch's fused CPU attention is usually faster: ``wrap``'s select decides."""
-    from .activations import softmax
-    from .dropout import dropout
-
+    dropout; ``enable_gqa``: each group of query heads (dim -3) attends to its key/value
+    head, without copies of key and value unless a mask is given). The causal mask is a
+    cached additive bias and the scale multiplies the query (no fused kernel yet), so on
+    small shapes torch's fused CPU attention can be faster: ``wrap``'s select decides."""
     op = "scaled_dot_product_attention"
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
@@ -236,13 +235,33 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                         f"{type(attn_mask).__name__}")
     if is_causal and attn_mask is not None:
         raise ValueError(f"{op}: attn_mask and is_causal cannot both be set")
-    if enable_gqa and query.dim() >= 3 and key.shape[-3] != query.shape[-3]:
+    if enable_gqa and query.dim() >= 3 and key.dim() >= 3 and \
+            key.shape[-3] != query.shape[-3]:
         rep = query.shape[-3] // key.shape[-3]
         if rep * key.shape[-3] != query.shape[-3]:
             raise ValueError(f"{op}: query heads {query.shape[-3]} are not a multiple of key "
                              f"heads {key.shape[-3]}")
+        if attn_mask is None:
+            # the queries of the `rep` heads that share a key/value head, stacked along L
+            # (head h reads key head h // rep): one GEMM per key head, no copies of key
+            # and value; the causal mask repeats per stacked block of L rows
+            *bdims, heads, L, _ = query.shape
+            out = _attention(query.reshape(*bdims, key.shape[-3], rep * L, query.shape[-1]),
+                             key, value, scale, is_causal, rep, None, dropout_p, op)
+            return out.reshape(*bdims, heads, L, out.shape[-1])
         key = key.repeat_interleave(rep, dim=-3)
         value = value.repeat_interleave(rep, dim=-3)
+    return _attention(query, key, value, scale, is_causal, 1, attn_mask, dropout_p, op)
+
+
+def _attention(query, key, value, scale, is_causal: bool, blocks: int, attn_mask,
+               dropout_p: float, op: str):
+    """softmax(q·kᵀ·scale + mask)·v on checked arguments; with ``blocks`` > 1 the rows of
+    q are ``blocks`` stacked blocks of the same queries' positions (grouped heads), each
+    masked causally on its own."""
+    from .activations import softmax
+    from .dropout import dropout
+
     if query.shape[:-2] != key.shape[:-2] or key.shape[:-2] != value.shape[:-2]:
         raise ValueError(f"{op}: batch dims differ: {list(query.shape)}, {list(key.shape)}, "
                          f"{list(value.shape)} (broadcast batch dims are not implemented)")
@@ -259,7 +278,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                              f"broadcast to the scores' {list(scores.shape)}") from None
     if is_causal:
         # in place on our GEMM's fresh output (its backward does not read it)
-        scores = scores.add_(_causal_bias(L, S, scores.dtype))
+        scores = scores.add_(_causal_bias(L // blocks, S, scores.dtype, blocks))
     elif attn_mask is not None:
         if attn_mask.dtype == torch.bool:
             scores = scores.masked_fill(~attn_mask, float("-inf"))
