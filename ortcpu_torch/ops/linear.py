@@ -195,15 +195,27 @@ def matmul(input: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     return _MatMul.apply(input, other)
 
 
-@functools.lru_cache(maxsize=16)
 def _causal_bias(L: int, S: int, dtype: torch.dtype, blocks: int = 1) -> torch.Tensor:
     """[blocks * L, S] additive mask of a causal (top-left aligned) attention, ``blocks``
     times the [L, S] one: -inf where j > i, else 0 (torch's math attention adds the same).
     Added in place, it costs no backward pass (a masked_fill's backward is a full pass over
-    the scores); cached per shape, so it is not rebuilt per call. Read-only by convention."""
+    the scores). Masks up to ``_CACHED_BIAS_ELEMENTS`` are cached per shape (not rebuilt
+    per call; read-only by convention); larger ones are built per call."""
+    if blocks * L * S <= _CACHED_BIAS_ELEMENTS:
+        return _cached_causal_bias(L, S, dtype, blocks)
+    return _build_causal_bias(L, S, dtype, blocks)
+
+
+_CACHED_BIAS_ELEMENTS = 1 << 22  # 16 MB in float32; at most 16 such masks are kept
+
+
+def _build_causal_bias(L: int, S: int, dtype: torch.dtype, blocks: int) -> torch.Tensor:
     bias = torch.zeros(L, S, dtype=dtype).masked_fill_(
         torch.ones(L, S, dtype=torch.bool).triu_(1), float("-inf"))
     return bias.repeat(blocks, 1) if blocks > 1 else bias
+
+
+_cached_causal_bias = functools.lru_cache(maxsize=16)(_build_causal_bias)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
