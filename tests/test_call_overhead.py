@@ -131,3 +131,44 @@ def test_kernel_mode_is_restored_when_a_torch_chosen_module_raises():
     assert torch._C._len_torch_function_stack() == depth
     model[1].weight.data = torch.randn(2, 8)
     model(torch.randn(4, 8)).sum().backward()
+
+
+def test_views_and_metadata_reads_are_counted_without_their_module():
+    """The kernel mode counts views and metadata reads on a fast path (no lookup of the
+    calling module); computing torch functions keep the module that called them."""
+
+    class Net(nn.Module):
+        def forward(self, x):
+            return torch.tanh(x.view(2, 6).transpose(0, 1)).reshape(12) * x.shape[0]
+
+    m = ortcpu_torch.wrap(Net(), fallback="silent")
+    for _ in range(3):
+        m(torch.randn(12))
+    rep = ortcpu_torch.report(m, file=None)
+    funcs = {d["name"]: d for d in rep.torch_functions}
+    for name in ("Tensor.view", "Tensor.transpose", "Tensor.reshape", "Tensor.shape.__get__"):
+        d = funcs[name]
+        assert d["metadata"] and d["calls"] == 3 and d["modules"], d
+    assert funcs["torch.tanh"]["modules"] == [f"{Net.__module__}.{Net.__qualname__}"]
+    assert not funcs["torch.tanh"]["metadata"] and funcs["torch.tanh"]["calls"] == 3
+    assert "views and metadata reads on torch (no arithmetic)" in rep.text
+
+
+@pytest.mark.parametrize("op", ["linear", "gelu"])
+def test_backward_takes_the_upstream_gradient_autograd_casts(op):
+    """The backward of linear/gelu does not re-check dy: autograd hands it in the output's
+    dtype and shape, even when the caller passes a float64 gradient for a float32 output."""
+    x, w = torch.randn(4, 3, 5), torch.randn(2, 5)
+    xs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
+    ws = [w.clone().requires_grad_(), w.clone().requires_grad_()]
+    fs = (ops.linear, torch.nn.functional.linear) if op == "linear" else \
+        (lambda a, _w: ops.gelu(a), lambda a, _w: torch.nn.functional.gelu(a))
+    g = None
+    for f, xi, wi in zip(fs, xs, ws, strict=True):
+        y = f(xi, wi)
+        g = torch.randn(y.shape, dtype=torch.float64) if g is None else g
+        y.backward(g)
+    assert xs[0].grad.dtype == torch.float32
+    torch.testing.assert_close(xs[0].grad, xs[1].grad, rtol=1e-5, atol=1e-6)
+    if op == "linear":
+        torch.testing.assert_close(ws[0].grad, ws[1].grad, rtol=1e-5, atol=1e-5)

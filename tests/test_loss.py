@@ -256,6 +256,33 @@ def test_nan_row_does_not_spread_and_big_logits():
                  F.cross_entropy(big, tb, reduction="none"), **L32)
 
 
+@pytest.mark.parametrize("c", [1, 7, 10, 31, 32, 33, 63, 1000, 1030])
+def test_row_lengths_around_the_vector_lanes(c):
+    """Rows shorter than the 32 accumulation lanes take a single vector loop, longer ones
+    the lanes plus that loop for their tail: losses and the fused gradient match a float64
+    evaluation for every split, with a NaN in the tail, a large logit beyond the first
+    one by more than 60, and a -inf first logit."""
+    g = torch.Generator().manual_seed(c)
+    x = torch.randn(5, c, generator=g) * 3
+    t = torch.randint(0, c, (5,), generator=g)
+    x[1, c - 1] = float("nan")
+    x[2, c - 1] += 70.0
+    if c > 1:
+        x[3, 0] = -float("inf")
+    xr = x.clone().requires_grad_()
+    loss = ot.ops.cross_entropy(xr, t, reduction="none")
+    x64 = x.double().requires_grad_()
+    ref = F.cross_entropy(x64, t, reduction="none")
+    assert loss[1].isnan() and not loss[[0, 2, 3, 4]].isnan().any()
+    keep = [0, 2, 3, 4]
+    assert_close(loss[keep], ref[keep].float(), **L32)
+    xs = x[keep].clone().requires_grad_()
+    ot.ops.cross_entropy(xs, t[keep]).backward()
+    x64s = x[keep].double().requires_grad_()
+    F.cross_entropy(x64s, t[keep]).backward()
+    assert_close(xs.grad, x64s.grad.float(), **G32)
+
+
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 def test_gradient_written_by_forward(weighted, smoothing):

@@ -178,6 +178,7 @@ def test_formula_modules_swapped_only_when_they_compute_our_kernel(act, norm, sw
 _SDPA = {
     "plain": dict(),
     "causal": dict(is_causal=True),
+    "causal_wide": dict(is_causal=True),  # 7 queries, 9 keys: the top-left aligned mask
     "scale": dict(scale=0.3),
     "bool_mask": dict(attn_mask=torch.rand(7, 9, generator=torch.Generator().manual_seed(0))
                       > 0.3),
@@ -210,6 +211,34 @@ def test_sdpa_forward_backward(case, dtype):
         assert torch.autograd.gradcheck(
             lambda *t: ops.scaled_dot_product_attention(*t, **kw),
             [t.detach().requires_grad_(True) for t in (q, k, v)])
+
+
+@pytest.mark.parametrize("case", ["plain", "causal", "causal_wide", "bool_mask", "scale"])
+def test_sdpa_grouped_heads_forward_backward(case):
+    """Grouped heads (6 query heads over 2 key/value heads): stacked per key head without
+    copies when there is no mask (causal mask repeated per block), repeated heads with a
+    mask; a query transposed as Hugging Face passes it; float64 values, gradients and
+    gradcheck against torch."""
+    g = torch.Generator().manual_seed(1)
+    S = 9 if case == "causal_wide" else 7
+    q = torch.randn(2, 7, 6, 5, dtype=torch.float64, generator=g).transpose(1, 2)
+    k = torch.randn(2, 2, S, 5, dtype=torch.float64, generator=g)
+    v = torch.randn(2, 2, S, 4, dtype=torch.float64, generator=g)
+    kw = {"enable_gqa": True, **({"is_causal": True} if case.startswith("causal") else {}),
+          **({"scale": 0.4} if case == "scale" else {})}
+    if case == "bool_mask":
+        kw["attn_mask"] = torch.rand(7, S, generator=g) > 0.3
+    a = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    b = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    y, y_r = ops.scaled_dot_product_attention(*a, **kw), F.scaled_dot_product_attention(*b, **kw)
+    torch.testing.assert_close(y, y_r, rtol=1e-10, atol=1e-12)
+    dy = torch.randn(y.shape, dtype=torch.float64, generator=g)
+    y.backward(dy)
+    y_r.backward(dy)
+    for p, r in zip(a, b, strict=True):
+        torch.testing.assert_close(p.grad, r.grad, rtol=1e-9, atol=1e-11)
+    assert torch.autograd.gradcheck(lambda *t: ops.scaled_dot_product_attention(*t, **kw),
+                                    [t.detach().requires_grad_(True) for t in (q, k, v)])
 
 
 def test_sdpa_grouped_heads_dropout_and_routing():

@@ -74,9 +74,8 @@ class _Gelu(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy):
         x, bias = ctx.saved_tensors
+        # (autograd hands dy in the output's shape and dtype: nothing to check)
         dy = dy.contiguous()
-        K.same_dtype(ctx.op, "input", x, "grad_output", dy)
-        K.same_shape(ctx.op, "input", x, "grad_output", dy)
         need_dbias = bias is not None and ctx.needs_input_grad[1]
         dx, dbias = K.gelu_backward_core(ctx.op, dy, x, bias, ctx.approximate, need_dbias)
         return dx, dbias, None, None

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -51,8 +52,8 @@ class _Linear(torch.autograd.Function):
         x2, weight = ctx.saved_tensors
         op, t = ctx.op, ctx.w_in_out
         n_out = weight.shape[1] if t else weight.shape[0]
-        same_dtype(op, "output", x2, "grad_output", dy)
-        # once, for both GEMMs
+        # dy comes in the output's shape and dtype (autograd casts it): not checked again;
+        # made contiguous once, for both GEMMs
         dy2 = (dy if dy.dim() == 2 else dy.reshape(x2.shape[0], n_out)).contiguous()
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
@@ -194,6 +195,29 @@ def matmul(input: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     return _MatMul.apply(input, other)
 
 
+def _causal_bias(L: int, S: int, dtype: torch.dtype, blocks: int = 1) -> torch.Tensor:
+    """[blocks * L, S] additive mask of a causal (top-left aligned) attention, ``blocks``
+    times the [L, S] one: -inf where j > i, else 0 (torch's math attention adds the same).
+    Added in place, it costs no backward pass (a masked_fill's backward is a full pass over
+    the scores). Masks up to ``_CACHED_BIAS_ELEMENTS`` are cached per shape (not rebuilt
+    per call; read-only by convention); larger ones are built per call."""
+    if blocks * L * S <= _CACHED_BIAS_ELEMENTS:
+        return _cached_causal_bias(L, S, dtype, blocks)
+    return _build_causal_bias(L, S, dtype, blocks)
+
+
+_CACHED_BIAS_ELEMENTS = 1 << 22  # 16 MB in float32; at most 16 such masks are kept
+
+
+def _build_causal_bias(L: int, S: int, dtype: torch.dtype, blocks: int) -> torch.Tensor:
+    bias = torch.zeros(L, S, dtype=dtype).masked_fill_(
+        torch.ones(L, S, dtype=torch.bool).triu_(1), float("-inf"))
+    return bias.repeat(blocks, 1) if blocks > 1 else bias
+
+
+_cached_causal_bias = functools.lru_cache(maxsize=16)(_build_causal_bias)
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False):
     """Like ``torch.nn.functional.scaled_dot_product_attention`` for [..., L, E] query and
@@ -201,12 +225,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     ``softmax(q·kᵀ·scale + mask)·v`` (``scale`` default 1/sqrt(E); ``is_causal``: the
     upper triangle masked; ``attn_mask`` boolean (True = attend) or additive float,
     broadcast to [..., L, S]; ``dropout_p`` applied to the attention weights with our
-    dropout; ``enable_gqa``: key/value heads (dim -3) repeated to the query's). The mask
-    and scale are applied by torch between the GEMMs (no fused kernel yet), so on small
-    shapes torch's fused CPU attention is usually faster: ``wrap``'s select decides."""
-    from .activations import softmax
-    from .dropout import dropout
-
+    dropout; ``enable_gqa``: each group of query heads (dim -3) attends to its key/value
+    head, without copies of key and value unless a mask is given). The causal mask is a
+    cached additive bias and the scale multiplies the query (no fused kernel yet), so on
+    small shapes torch's fused CPU attention can be faster: ``wrap``'s select decides."""
     op = "scaled_dot_product_attention"
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
@@ -225,18 +247,40 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                         f"{type(attn_mask).__name__}")
     if is_causal and attn_mask is not None:
         raise ValueError(f"{op}: attn_mask and is_causal cannot both be set")
-    if enable_gqa and query.dim() >= 3 and key.shape[-3] != query.shape[-3]:
+    if enable_gqa and query.dim() >= 3 and key.dim() >= 3 and \
+            key.shape[-3] != query.shape[-3]:
         rep = query.shape[-3] // key.shape[-3]
         if rep * key.shape[-3] != query.shape[-3]:
             raise ValueError(f"{op}: query heads {query.shape[-3]} are not a multiple of key "
                              f"heads {key.shape[-3]}")
+        if attn_mask is None:
+            # the queries of the `rep` heads that share a key/value head, stacked along L
+            # (head h reads key head h // rep): one GEMM per key head, no copies of key
+            # and value; the causal mask repeats per stacked block of L rows
+            *bdims, heads, L, _ = query.shape
+            out = _attention(query.reshape(*bdims, key.shape[-3], rep * L, query.shape[-1]),
+                             key, value, scale, is_causal, rep, None, dropout_p, op)
+            return out.reshape(*bdims, heads, L, out.shape[-1])
         key = key.repeat_interleave(rep, dim=-3)
         value = value.repeat_interleave(rep, dim=-3)
+    return _attention(query, key, value, scale, is_causal, 1, attn_mask, dropout_p, op)
+
+
+def _attention(query, key, value, scale, is_causal: bool, blocks: int, attn_mask,
+               dropout_p: float, op: str):
+    """softmax(q·kᵀ·scale + mask)·v on checked arguments; with ``blocks`` > 1 the rows of
+    q are ``blocks`` stacked blocks of the same queries' positions (grouped heads), each
+    masked causally on its own."""
+    from .activations import softmax
+    from .dropout import dropout
+
     if query.shape[:-2] != key.shape[:-2] or key.shape[:-2] != value.shape[:-2]:
         raise ValueError(f"{op}: batch dims differ: {list(query.shape)}, {list(key.shape)}, "
                          f"{list(value.shape)} (broadcast batch dims are not implemented)")
     s = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
-    scores = matmul(query, key.transpose(-2, -1)) * s
+    # the scale on the query, the smaller operand: its backward pass reads [.., L, E],
+    # not the [.., L, S] scores
+    scores = matmul(query * s, key.transpose(-2, -1))
     L, S = scores.shape[-2], scores.shape[-1]
     if attn_mask is not None:
         try:
@@ -245,8 +289,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             raise ValueError(f"{op}: attn_mask of shape {list(attn_mask.shape)} does not "
                              f"broadcast to the scores' {list(scores.shape)}") from None
     if is_causal:
-        keep = torch.ones(L, S, dtype=torch.bool).tril()
-        scores = scores.masked_fill(~keep, float("-inf"))
+        # in place on our GEMM's fresh output (its backward does not read it)
+        scores = scores.add_(_causal_bias(L // blocks, S, scores.dtype, blocks))
     elif attn_mask is not None:
         if attn_mask.dtype == torch.bool:
             scores = scores.masked_fill(~attn_mask, float("-inf"))

@@ -10,29 +10,8 @@ import sys
 from dataclasses import dataclass
 
 from .policy import CHOSE_TORCH, STATE_ATTR, Stats
-from .routing import KernelMode
+from .routing import KernelMode, is_metadata
 from .tables import FUNCTIONALS
-
-# torch functions that move no data or only make views: counted, reported as one line
-_METADATA = frozenset("""
-Tensor.size Tensor.dim Tensor.stride Tensor.numel Tensor.view Tensor.view_as Tensor.reshape
-Tensor.reshape_as Tensor.permute Tensor.transpose Tensor.t Tensor.unsqueeze Tensor.squeeze
-Tensor.expand Tensor.expand_as Tensor.flatten Tensor.unflatten Tensor.split Tensor.chunk
-Tensor.unbind Tensor.narrow Tensor.__getitem__ Tensor.is_floating_point Tensor.is_complex
-Tensor.contiguous Tensor.is_contiguous Tensor.detach Tensor.requires_grad_ Tensor.__len__
-Tensor.__bool__ Tensor.__index__ Tensor.__int__ Tensor.__float__ Tensor.item Tensor.tolist
-Tensor.data_ptr Tensor.element_size Tensor.type Tensor.get_device Tensor.untyped_storage
-Tensor.storage_offset Tensor.has_names Tensor.is_nested Tensor.__hash__ Tensor.movedim
-torch.split torch.chunk torch.unbind torch.flatten torch.transpose torch.permute
-torch.reshape torch.squeeze torch.unsqueeze torch.narrow torch.is_floating_point
-torch.is_complex torch.is_tensor torch.numel torch.broadcast_shapes torch.broadcast_to
-torch.Size torch.finfo torch.iinfo torch.is_grad_enabled torch.get_default_dtype
-""".split())
-
-
-def _is_metadata(name: str) -> bool:
-    # property getters (Tensor.shape, .dtype, .device, .requires_grad, ...) and the views
-    return name in _METADATA or name.endswith(".__get__") or name.endswith(".__set__")
 
 
 @dataclass
@@ -98,7 +77,7 @@ def _torch_functions(state) -> list:
     by: dict[tuple, dict] = {}
     for (name, where, why), n in state.torch_calls.items():
         d = by.setdefault((name, why), {"name": name, "calls": 0, "reason": why,
-                                        "modules": [], "metadata": _is_metadata(name)})
+                                        "modules": [], "metadata": is_metadata(name)})
         d["calls"] += n
         if where not in d["modules"]:
             d["modules"].append(where)

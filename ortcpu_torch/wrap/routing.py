@@ -22,8 +22,9 @@ from .tables import BY_FUNC, IGNORED_ARGS, NO_DEFAULT, FuncEntry, class_path
 from .timing import timed
 
 
-def ours_call(entry: FuncEntry, ours, args, kwargs):
-    """Bind torch's arguments and call our op with those it takes (by name)."""
+def ours_call(entry: FuncEntry, ours, args, kwargs, checked: bool = False):
+    """Bind torch's arguments and call our op with those it takes (by name); ``checked``:
+    the caller has already found every value supported (``values_reason``)."""
     bound = {}
     names = entry.params
     if len(args) > len(names):
@@ -34,12 +35,13 @@ def ours_call(entry: FuncEntry, ours, args, kwargs):
         if k in bound:
             raise Unsupported(f"{entry.name}: argument {k} given twice")
         bound[k] = v
-    r = values_reason(bound.values())
-    if r is not None:
-        raise Unsupported(r)
+    if not checked:
+        r = values_reason(bound.values())
+        if r is not None:
+            raise Unsupported(r)
     accepted = accepted_names(ours)
     call = {}
-    defaults = dict(names)
+    defaults = entry.defaults
     for k, v in bound.items():
         if k in IGNORED_ARGS:
             continue
@@ -99,6 +101,28 @@ def func_name(func) -> str:
     return n
 
 
+# torch functions that move no data or only make views: counted, reported as one line
+_METADATA = frozenset("""
+Tensor.size Tensor.dim Tensor.stride Tensor.numel Tensor.view Tensor.view_as Tensor.reshape
+Tensor.reshape_as Tensor.permute Tensor.transpose Tensor.t Tensor.unsqueeze Tensor.squeeze
+Tensor.expand Tensor.expand_as Tensor.flatten Tensor.unflatten Tensor.split Tensor.chunk
+Tensor.unbind Tensor.narrow Tensor.__getitem__ Tensor.is_floating_point Tensor.is_complex
+Tensor.contiguous Tensor.is_contiguous Tensor.detach Tensor.requires_grad_ Tensor.__len__
+Tensor.__bool__ Tensor.__index__ Tensor.__int__ Tensor.__float__ Tensor.item Tensor.tolist
+Tensor.data_ptr Tensor.element_size Tensor.type Tensor.get_device Tensor.untyped_storage
+Tensor.storage_offset Tensor.has_names Tensor.is_nested Tensor.__hash__ Tensor.movedim
+torch.split torch.chunk torch.unbind torch.flatten torch.transpose torch.permute
+torch.reshape torch.squeeze torch.unsqueeze torch.narrow torch.is_floating_point
+torch.is_complex torch.is_tensor torch.numel torch.broadcast_shapes torch.broadcast_to
+torch.Size torch.finfo torch.iinfo torch.is_grad_enabled torch.get_default_dtype
+""".split())
+
+
+def is_metadata(name: str) -> bool:
+    # property getters (Tensor.shape, .dtype, .device, .requires_grad, ...) and the views
+    return name in _METADATA or name.endswith(".__get__") or name.endswith(".__set__")
+
+
 _OWNER: dict = {}  # code object of a forward -> class path of its module ("" if none)
 _SHARED = object()  # a forward inherited by several classes: look at `self` every time
 OUTSIDE = "(no module: called outside any module's forward)"
@@ -137,6 +161,23 @@ IN_TORCH_SCOPE = "inside an excluded module, or a swapped module run by torch (a
                  "or torch measured faster)"
 
 
+METADATA_CALLERS = "(views and metadata reads are not attributed to modules)"
+_META_KEYS: dict = {}  # torch callable -> its State.torch_calls key if a view/metadata read
+_UNSEEN = object()
+
+
+def _meta_key(func):
+    """``State.torch_calls`` key of ``func`` if it is a view or metadata read, else None
+    (cached per callable)."""
+    name = func_name(func)
+    key = (name, METADATA_CALLERS, NO_KERNEL) if is_metadata(name) else None
+    try:
+        _META_KEYS[func] = key
+    except TypeError:  # an unhashable callable: looked up every time
+        pass
+    return key
+
+
 class KernelMode(TorchFunctionMode):
     """Routes the functionals in ``FUNCTIONALS`` to ``ortcpu_torch.ops`` while active and
     counts the rest by calling module."""
@@ -151,6 +192,18 @@ class KernelMode(TorchFunctionMode):
             return func(*args, **kwargs)
         state = self.state
         entry = BY_FUNC.get(func)
+        if entry is None:
+            # views and metadata reads (most of a transformer's torch calls): counted
+            # without looking up the calling module (the report lists them as one line)
+            key = _META_KEYS.get(func, _UNSEEN)
+            if key is _UNSEEN:
+                key = _meta_key(func)
+            if key is not None:
+                calls = state.torch_calls
+                calls[key] = calls.get(key, 0) + 1
+                if state.timing:
+                    return timed(state, "torch", func, *args, **kwargs)
+                return func(*args, **kwargs)
         why = NO_KERNEL
         if entry is not None:
             scope = state.scope()
@@ -182,9 +235,9 @@ class KernelMode(TorchFunctionMode):
             k = f"no kernel in this build (ortcpu_torch.ops.{entry.op} missing)"
             stats.reasons.setdefault(k, [k, 0])[1] += 1
             return func(*args, **kwargs)
-        reason = context_reason()
-        if reason is None and state.select != "ours" and values_reason(args) is None and \
-                (not kwargs or values_reason(kwargs.values()) is None):
+        reason = context_reason() or values_reason(args) or (
+            values_reason(kwargs.values()) if kwargs else None)
+        if reason is None and state.select != "ours":
             key = (entry.name, call_key(args, kwargs))
             side = state.sides.get(key)
             if side is None:  # a new signature: measure
@@ -197,8 +250,8 @@ class KernelMode(TorchFunctionMode):
                     else func(*args, **kwargs)
         if reason is None:
             try:
-                out = timed(state, "ours", ours_call, entry, ours, args, kwargs) \
-                    if state.timing else ours_call(entry, ours, args, kwargs)
+                out = timed(state, "ours", ours_call, entry, ours, args, kwargs, True) \
+                    if state.timing else ours_call(entry, ours, args, kwargs, True)
                 stats.ours += 1
                 return out
             except Unsupported as e:

@@ -126,6 +126,7 @@ def module_runner(module, forward, before=None):
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+_SCALARS = frozenset((int, float, bool, str, type(None)))
 
 
 def _key(v):
@@ -144,10 +145,13 @@ def call_key(args, kwargs):
     """A hashable key of a call's arguments for ``choose``: per tensor its shape, dtype and
     whether it needs a gradient; other values themselves (their type name if unhashable).
     The common call, tensors only and no keywords, takes one attribute tuple per tensor."""
+    a = tuple([(a.shape, a.dtype, a.requires_grad) if type(a) in _PLAIN else _key(a)
+               for a in args])
     if not kwargs:
-        return tuple([(a.shape, a.dtype, a.requires_grad) if type(a) in _PLAIN else _key(a)
-                      for a in args])
-    return tuple(_key(a) for a in args), tuple((k, _key(v)) for k, v in kwargs.items())
+        return a
+    # keyword arguments are mostly scalars (a functional's defaults spelled out by torch's
+    # dispatch): those are their own key
+    return a, tuple([(k, v if type(v) in _SCALARS else _key(v)) for k, v in kwargs.items()])
 
 
 def choose(state, name: str, extra, run_ours, run_torch, args, kwargs, key=None) -> str:

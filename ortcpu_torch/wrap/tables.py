@@ -157,10 +157,12 @@ class FuncEntry:
     op: str
     sig: Callable
     params: tuple = field(init=False)
+    defaults: dict = field(init=False)  # name -> default (NO_DEFAULT if none)
 
     def __post_init__(self):
         ps = inspect.signature(self.sig).parameters.items()
         self.params = tuple((n, p.default) for n, p in ps)
+        self.defaults = dict(self.params)
 
     def ours(self):
         return getattr(_oops, self.op, None)
