@@ -1,6 +1,7 @@
 """Plan-time bindings of the training kernels a gradient graph runs on every step
 (BatchNormInternal, BatchNormalizationGrad, ConvGrad), and the private ops of
-``training_fusions`` (MaxPool2x2Train, MaxPool2x2TrainGrad).
+``training_fusions`` (MaxPool2x2Train, MaxPool2x2TrainGrad, MaskedScaledSoftmax,
+MaskedScaledSoftmaxGrad).
 
 When the planner knows the node's input shapes and float dtype, the arguments are checked
 once, here, when the plan is built (the same checks the registry kernel makes per call),
@@ -14,9 +15,11 @@ from __future__ import annotations
 
 import torch
 
+from .._native import ffi, native_fn, ptr
 from ..kernels import batchnorm as bn
 from ..kernels import conv as kconv
 from ..kernels import pool as kpool
+from ..kernels._checks import check_status, get_num_threads
 from .op_table import MS_DOMAIN, ONNX_DOMAIN, op
 from .training_fusions import DOMAIN as TRAINING_DOMAIN
 
@@ -162,4 +165,80 @@ def _maxpool_2x2_grad(ctx):
             raise ValueError(f"MaxPool2x2TrainGrad: dY and the code must have shape "
                              f"{list(y_shape)}, got {list(dy.shape)} and {list(code.shape)}")
         return kpool.maxpool2x2_backward("MaxPoolGrad", dy.contiguous(), code, x_shape, geom)
+    return run
+
+
+def _mask_rows(op: str, mask: torch.Tensor, x: torch.Tensor) -> int:
+    """Rows of ``mask`` as the kernel reads it ([mask_rows, S], broadcast over x's leading
+    dims; training_fusions._mask_fits), or ValueError."""
+    ms, xs = tuple(mask.shape), tuple(x.shape)
+    if mask.dtype != torch.bool or not ms or len(ms) > len(xs) or ms[-1] != xs[-1] or \
+            (len(ms) >= 2 and ms[-2] not in (1, xs[-2])) or any(d != 1 for d in ms[:-2]):
+        raise ValueError(f"{op}: mask must be bool [T or 1, {xs[-1] if xs else '?'}] "
+                         f"broadcast over the scores {list(xs)}, got {mask.dtype} "
+                         f"{list(ms)}")
+    return ms[-2] if len(ms) >= 2 else 1
+
+
+def _double_attr(ctx, name: str) -> float:
+    """A float64 scalar tensor attribute (training_fusions._double)."""
+    v = ctx.attr(name)
+    if not isinstance(v, torch.Tensor) or v.numel() != 1:
+        raise ValueError(f"{ctx.node.op_type}: attribute {name!r} must be a one-element "
+                         f"tensor, got {v!r}")
+    return float(v.reshape(-1)[0])
+
+
+def _mask_ptr(mask: torch.Tensor):
+    return ffi.cast("uint8_t *", mask.data_ptr())
+
+
+@op("MaskedScaledSoftmax", domain=TRAINING_DOMAIN, kind="kernel")
+def _masked_softmax(ctx):
+    """softmax over the last axis of Where(mask, fill, X * scale) (``masked_when`` 1; 0:
+    the fill where mask is false), one pass (training_fusions.py)."""
+    op_name = "MaskedScaledSoftmax"
+    scale, fill = _double_attr(ctx, "scale"), _double_attr(ctx, "fill")
+    masked_when = int(ctx.attr("masked_when", 1))
+
+    def run(x, mask):
+        x = x.contiguous()
+        if x.dtype not in FLOATS or not x.dim():
+            raise ValueError(f"{op_name}: scores must be float32/float64 with rank >= 1, "
+                             f"got {x.dtype} {list(x.shape)}")
+        rows_m = _mask_rows(op_name, mask, x)
+        mask = mask.contiguous()
+        y = torch.empty_like(x)
+        n = x.shape[-1]
+        st = native_fn("masked_softmax_forward", x.dtype)(
+            ptr(x), _mask_ptr(mask), ptr(y), x.numel() // n if n else 0, n, rows_m, scale,
+            fill, masked_when, get_num_threads())
+        check_status(st, op_name)
+        return y
+    return run
+
+
+@op("MaskedScaledSoftmaxGrad", domain=TRAINING_DOMAIN, kind="kernel")
+def _masked_softmax_grad(ctx):
+    """dX of MaskedScaledSoftmax from dY and its output Y: scale * SoftmaxGrad, 0 where
+    masked."""
+    op_name = "MaskedScaledSoftmaxGrad"
+    scale = _double_attr(ctx, "scale")
+    masked_when = int(ctx.attr("masked_when", 1))
+
+    def run(dy, y, mask):
+        dy, y = dy.contiguous(), y.contiguous()
+        if dy.shape != y.shape or dy.dtype != y.dtype or y.dtype not in FLOATS or not y.dim():
+            raise ValueError(f"{op_name}: dY and Y must be float tensors of one shape and "
+                             f"dtype, got {dy.dtype} {list(dy.shape)} and {y.dtype} "
+                             f"{list(y.shape)}")
+        rows_m = _mask_rows(op_name, mask, y)
+        mask = mask.contiguous()
+        dx = torch.empty_like(y)
+        n = y.shape[-1]
+        st = native_fn("masked_softmax_backward", y.dtype)(
+            ptr(dy), ptr(y), _mask_ptr(mask), ptr(dx), y.numel() // n if n else 0, n, rows_m,
+            scale, masked_when, get_num_threads())
+        check_status(st, op_name)
+        return dx
     return run

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from .gradient import FORWARD_NODES_KEY
 
@@ -63,8 +63,22 @@ class _Rewrite:
                 self.readers.setdefault(i, []).append(n)
             for o in n.output:
                 self.producer[o] = n
+        self.initializers = {t.name: t for t in model.graph.initializer}
+        self.opset = next((o.version for o in model.opset_import if o.domain in _ONNX), 0)
         self.replace: dict[int, list] = {}
         self.done: list[str] = []
+
+    def scalar(self, name: str) -> float | None:
+        """The value of a one-element constant (initializer or Constant node), else None."""
+        t = self.initializers.get(name)
+        p = self.producer.get(name)
+        if t is None and p is not None and _is(p, "Constant") and \
+                p.attribute and p.attribute[0].name == "value":
+            t = p.attribute[0].t
+        if t is None or t.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE):
+            return None
+        v = numpy_helper.to_array(t)
+        return float(v.reshape(-1)[0]) if v.size == 1 else None
 
     def taken(self, *nodes) -> bool:
         return any(id(n) in self.replace for n in nodes)
@@ -182,8 +196,114 @@ def _gemm_transposed_output(g: _Rewrite) -> None:
         g.done.append("Transpose(Gemm(A, B)) -> Gemm(B, A) with the trans flags flipped")
 
 
+# ---- masked, scaled softmax ----------------------------------------------------------------
+
+
+def _double(v: float) -> onnx.TensorProto:
+    """A float64 scalar tensor attribute (a FLOAT attribute would round a float64
+    graph's constant to float32)."""
+    return helper.make_tensor("value", onnx.TensorProto.DOUBLE, [], [v])
+
+
+def _mask_fits(mask_shape, x_shape) -> bool:
+    """A bool mask the fused kernel reads as [mask_rows, S]: right-aligned against x, its
+    last dim S, the one before T or 1, every other dim 1."""
+    if mask_shape is None or x_shape is None or len(mask_shape) > len(x_shape) or \
+            not mask_shape or mask_shape[-1] != x_shape[-1]:
+        return False
+    if len(mask_shape) >= 2 and mask_shape[-2] not in (1, x_shape[-2]):
+        return False
+    return all(d == 1 for d in mask_shape[:-2])
+
+
+def _scores_where(g: _Rewrite, w):
+    """(scores, fill, masked_when) of ``Where(mask, fill, scores)`` (masked_when 1) or
+    ``Where(mask, scores, fill)`` (0) with a constant fill, else None."""
+    fa, fb = g.scalar(w.input[1]), g.scalar(w.input[2])
+    if fa is not None and fb is None:
+        return w.input[2], fa, 1
+    if fb is not None and fa is None:
+        return w.input[1], fb, 0
+    return None
+
+
+def _masked_softmax(g: _Rewrite) -> None:
+    if g.opset < 13:  # older Softmax flattens to 2-D around the axis
+        return
+    for sm in g.nodes:
+        if not _is(sm, "Softmax") or g.taken(sm):
+            continue
+        shape = g.shapes.get(sm.output[0])
+        w = g.producer.get(sm.input[0])
+        if shape is None or int(_attrs(sm).get("axis", -1)) not in (-1, len(shape) - 1) or \
+                w is None or not _is(w, "Where") or not g.only_reader(w.output[0], sm):
+            continue
+        found = _scores_where(g, w)
+        mask = w.input[0]
+        if found is None or not _mask_fits(g.shapes.get(mask), shape):
+            continue
+        scores, fill, masked_when = found
+        scale, mul = 1.0, g.producer.get(scores)
+        if mul is not None and _is(mul, "Mul") and g.only_reader(scores, w):
+            for k in (0, 1):
+                c = g.scalar(mul.input[1 - k])
+                if c is not None and g.shapes.get(mul.input[k]) == shape:
+                    scale, scores = c, mul.input[k]
+                    break
+            else:
+                mul = None
+        else:
+            mul = None
+        if g.shapes.get(scores) != shape or g.taken(w, *([mul] if mul else [])):
+            continue
+        attrs = {"scale": _double(scale), "fill": _double(fill), "masked_when": masked_when}
+        g.replace[id(sm)] = [helper.make_node("MaskedScaledSoftmax", [scores, mask],
+                                              list(sm.output), domain=DOMAIN,
+                                              name=sm.name + "_masked", **attrs)]
+        g.replace[id(w)] = []
+        if mul is not None:
+            g.replace[id(mul)] = []
+        g.done.append("[Mul +] Where + Softmax -> MaskedScaledSoftmax")
+        for sg in g.readers.get(sm.output[0], []):
+            _masked_softmax_grad(g, sg, sm.output[0], mask, scale, masked_when)
+
+
+def _masked_softmax_grad(g: _Rewrite, sg, p: str, mask: str, scale: float,
+                         masked_when: int) -> None:
+    """``Mul(Where(mask, 0, SoftmaxGrad_13(dP, P)), scale)`` (the Mul only when the forward
+    scaled) -> MaskedScaledSoftmaxGrad(dP, P, mask)."""
+    if sg.op_type != "SoftmaxGrad_13" or len(sg.input) < 2 or sg.input[1] != p or \
+            g.taken(sg):
+        return
+    d = sg.output[0]
+    readers = g.readers.get(d, [])
+    w = readers[0] if len(readers) == 1 else None
+    if w is None or not _is(w, "Where") or w.input[0] != mask or not g.only_reader(d, w):
+        return
+    if list(w.input[1:]) != ([w.input[1], d] if masked_when else [d, w.input[2]]) or \
+            g.scalar(w.input[1 if masked_when else 2]) != 0.0:
+        return
+    last, drop = w, [w]
+    if scale != 1.0:
+        readers = g.readers.get(w.output[0], [])
+        mul = readers[0] if len(readers) == 1 else None
+        if mul is None or not _is(mul, "Mul") or not g.only_reader(w.output[0], mul) or \
+                g.scalar(mul.input[1] if mul.input[0] == w.output[0] else mul.input[0]) \
+                != scale:
+            return
+        last, drop = mul, [w, mul]
+    if g.taken(*drop):
+        return
+    g.replace[id(sg)] = [helper.make_node(
+        "MaskedScaledSoftmaxGrad", [sg.input[0], p, mask], [last.output[0]], domain=DOMAIN,
+        name=sg.name + "_masked", scale=_double(scale), masked_when=masked_when)]
+    for n in drop:
+        g.replace[id(n)] = []
+    g.done.append("SoftmaxGrad_13 + Where [+ Mul] -> MaskedScaledSoftmaxGrad")
+
+
 PASSES: list[Callable[[_Rewrite], None]] = [_maxpool_2x2, _gemm_reads_transpose,
-                                            _gemm_transposed_output]
+                                            _gemm_transposed_output, _masked_softmax]
 
 
 def fuse_training_graph(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:

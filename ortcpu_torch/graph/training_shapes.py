@@ -64,6 +64,8 @@ RULES: dict[str, Callable] = {
     # training_fusions.py's private ops
     "MaxPool2x2Train": _maxpool_2x2,
     "MaxPool2x2TrainGrad": _x_shape_attr,
+    "MaskedScaledSoftmax": _like(0),
+    "MaskedScaledSoftmaxGrad": _like(1),
 }
 
 

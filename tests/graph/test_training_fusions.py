@@ -78,3 +78,74 @@ def test_linear_weight_gradients_without_transposes(dtype, rows, monkeypatch, tm
     n = 2 if len(rows) > 1 else 0
     assert done.count("Transpose(Gemm(A, B)) -> Gemm(B, A) with the trans flags flipped") == n
     assert done.count("Gemm(Transpose(W)) -> Gemm(W) with the trans flag flipped") == n // 2
+
+
+class Attention(nn.Module):
+    """Scores of a causal / padded attention written three ways (``variant``)."""
+
+    def __init__(self, variant: str, t: int = 5, d: int = 8):
+        super().__init__()
+        self.variant = variant
+        self.qk = nn.Linear(d, 2 * d)
+        causal = torch.ones(t, t, dtype=torch.bool).triu(1)
+        keys = torch.tensor([False] * (t - 2) + [True] * 2)  # padded keys: [S]
+        self.register_buffer("mask", {"keys": keys, "keep": ~causal}.get(variant, causal),
+                             persistent=False)
+
+    def forward(self, x, v):
+        q, k = self.qk(x).chunk(2, dim=-1)
+        att = q @ k.transpose(-2, -1)
+        if self.variant == "causal":  # minGPT: scale, masked_fill(-inf)
+            att = (att * 0.35).masked_fill(self.mask, float("-inf"))
+        elif self.variant == "keep":  # where(keep, scores, -inf), the scale on the left
+            att = torch.where(self.mask, 0.35 * att, float("-inf"))
+        else:  # padded keys, a finite fill, no scale
+            att = att.masked_fill(self.mask, -1e4)
+        y = torch.softmax(att, dim=-1) @ v
+        return y.square().sum(), y
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("variant", ["causal", "keep", "keys"])
+def test_masked_scaled_softmax(variant, dtype, monkeypatch, tmp_path):
+    x = torch.randn(2, 3, 5, 8)
+    v = torch.randn(2, 3, 5, 4, requires_grad=True)
+    done = check_fused_matches_unfused(lambda: Attention(variant), [x, v], dtype, monkeypatch,
+                                       tmp_path)
+    assert "[Mul +] Where + Softmax -> MaskedScaledSoftmax" in done
+    assert "SoftmaxGrad_13 + Where [+ Mul] -> MaskedScaledSoftmaxGrad" in done
+
+
+def test_masked_softmax_kernels_against_torch_with_fully_masked_rows_and_bad_mask():
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+
+    from ortcpu_torch.graph import Executor, GraphRunError
+
+    x = torch.randn(2, 3, 4, 6, dtype=torch.float64)
+    mask = torch.rand(4, 6) < 0.4
+    mask[1] = True  # a fully masked row: NaN, as torch
+    dy = torch.randn_like(x)
+    half, ninf = training_fusions._double(0.5), training_fusions._double(float("-inf"))
+    nodes = [h.make_node("MaskedScaledSoftmax", ["x", "m"], ["y"],
+                         domain=training_fusions.DOMAIN, scale=half, fill=ninf, masked_when=1),
+             h.make_node("MaskedScaledSoftmaxGrad", ["dy", "y", "m"], ["dx"],
+                         domain=training_fusions.DOMAIN, scale=half, masked_when=1)]
+    vis = [h.make_tensor_value_info("x", TP.DOUBLE, list(x.shape)),
+           h.make_tensor_value_info("m", TP.BOOL, ["a", "b"]),
+           h.make_tensor_value_info("dy", TP.DOUBLE, list(x.shape))]
+    graph = h.make_graph(nodes, "g", vis,
+                         [h.make_empty_tensor_value_info(o) for o in ("y", "dx")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17),
+                                               h.make_opsetid(training_fusions.DOMAIN, 1)])
+    ex = Executor(model, check=False)
+    got = ex.run({"x": x, "m": mask, "dy": dy})
+    xr = x.clone().requires_grad_()
+    y = torch.softmax((xr * 0.5).masked_fill(mask, float("-inf")), -1)
+    y.backward(dy)
+    torch.testing.assert_close(got["y"], y.detach(), equal_nan=True)
+    assert got["y"][:, :, 1].isnan().all()
+    ok = torch.ones(4, dtype=torch.bool).index_fill_(0, torch.tensor(1), False)
+    torch.testing.assert_close(got["dx"][:, :, ok], xr.grad[:, :, ok])
+    with pytest.raises(GraphRunError, match="MaskedScaledSoftmax: mask must be bool"):
+        ex.run({"x": x, "m": torch.ones(3, 6, dtype=torch.bool), "dy": dy})
