@@ -1,7 +1,7 @@
 """Plan-time bindings of the training kernels a gradient graph runs on every step
 (BatchNormInternal, BatchNormalizationGrad, ConvGrad), and the private ops of
 ``training_fusions`` (MaxPool2x2Train, MaxPool2x2TrainGrad, MaskedScaledSoftmax,
-MaskedScaledSoftmaxGrad).
+MaskedScaledSoftmaxGrad, LSTMTorchGatesTraining, LSTMTorchGatesGrad).
 
 When the planner knows the node's input shapes and float dtype, the arguments are checked
 once, here, when the plan is built (the same checks the registry kernel makes per call),
@@ -19,6 +19,7 @@ from .._native import ffi, native_fn, ptr
 from ..kernels import batchnorm as bn
 from ..kernels import conv as kconv
 from ..kernels import pool as kpool
+from ..kernels import rnn as krnn
 from ..kernels._checks import check_status, get_num_threads
 from .op_table import MS_DOMAIN, ONNX_DOMAIN, op
 from .training_fusions import DOMAIN as TRAINING_DOMAIN
@@ -241,4 +242,80 @@ def _masked_softmax_grad(ctx):
             scale, masked_when, get_num_threads())
         check_status(st, op_name)
         return dx
+    return run
+
+
+def _lstm_shapes(op: str, x, w, r, h, extra=()):
+    """ValueError unless x [S, B, I], w [4H, I], r [4H, H] share a float dtype and each of
+    ``extra`` ((name, tensor or None, shape)) has its shape."""
+    ok = x.dim() == 3 and w.dim() == 2 and r.dim() == 2 and x.dtype in FLOATS and \
+        w.shape == (4 * h, x.shape[2]) and r.shape == (4 * h, h) and \
+        w.dtype == x.dtype == r.dtype
+    bad = [n for n, t, s in extra if t is not None and (tuple(t.shape) != s or
+                                                         t.dtype != x.dtype)]
+    if not ok or bad:
+        raise ValueError(f"{op}: expected X [S, B, I], W [4H, I], R [4H, H] of one float dtype "
+                         f"with H={h}, got {list(x.shape)} {list(w.shape)} {list(r.shape)}"
+                         + (f"; bad {', '.join(bad)}" if bad else ""))
+
+
+def _c(t):
+    return None if t is None else t.contiguous()
+
+
+@op("LSTMTorchGatesTraining", domain=TRAINING_DOMAIN, kind="kernel")
+def _lstm_torch_gates(ctx):
+    """LSTMTraining (one forward direction, no peepholes) on torch-order parameters:
+    inputs X, W_ih [4H, I], W_hh [4H, H], b_ih, b_hh [4H] (optional), H0, C0 [1, B, H];
+    outputs as LSTMTraining's (iofc in torch's gate order, read only by the Grad below)."""
+    op_name = "LSTMTorchGatesTraining"
+    h = int(ctx.attr("hidden_size"))
+
+    def run(x, w, r, bih=None, bhh=None, h0=None, c0=None):
+        x, w, r = x.contiguous(), w.contiguous(), r.contiguous()
+        sb = (1, x.shape[1], h) if x.dim() == 3 else None
+        _lstm_shapes(op_name, x, w, r, h, (("b_ih", bih, (4 * h,)), ("b_hh", bhh, (4 * h,)),
+                                           ("H0", h0, sb), ("C0", c0, sb)))
+        if (bih is None) != (bhh is None):
+            raise ValueError(f"{op_name}: b_ih and b_hh must both be given or both absent")
+        b = None if bih is None else torch.cat([bih, bhh])
+        hall, call, iofc = krnn.lstm_forward(x, w, r, b, None, None if h0 is None else
+                                             _c(h0[0]), None if c0 is None else _c(c0[0]),
+                                             torch_gates=True)
+        return (hall.unsqueeze(1), hall[-1:].clone(), call[-1:].clone(), call.unsqueeze(1),
+                iofc.unsqueeze(1))[:len(ctx.node.output)]
+    return run
+
+
+@op("LSTMTorchGatesGrad", domain=TRAINING_DOMAIN, kind="kernel")
+def _lstm_torch_gates_grad(ctx):
+    """LSTMGrad of LSTMTorchGatesTraining: inputs X, W_ih, W_hh, H0, C0, HAll, CAll, iofc,
+    dHAll, dHFinal, dCFinal; outputs dX, dW_ih, dW_hh, db_ih, db_hh, dH0, dC0 (torch
+    order; '' where not needed)."""
+    op_name = "LSTMTorchGatesGrad"
+    h = int(ctx.attr("hidden_size"))
+    used = list(ctx.outputs_used) + [False] * (7 - len(ctx.outputs_used))
+    needs = (used[0], used[1], used[2], used[3] or used[4], used[5], used[6], False)
+
+    def run(x, w, r, h0=None, c0=None, hall=None, call=None, iofc=None, dhall=None,
+            dhfin=None, dcfin=None):
+        x, w, r = x.contiguous(), w.contiguous(), r.contiguous()
+        s, b = (x.shape[0], x.shape[1]) if x.dim() == 3 else (0, 0)
+        _lstm_shapes(op_name, x, w, r, h, (
+            ("H0", h0, (1, b, h)), ("C0", c0, (1, b, h)), ("HAll", hall, (s, 1, b, h)),
+            ("CAll", call, (s, 1, b, h)), ("iofc", iofc, (s, 1, b, 4 * h)),
+            ("dHAll", dhall, (s, 1, b, h)), ("dHFinal", dhfin, (1, b, h)),
+            ("dCFinal", dcfin, (1, b, h))))
+        if hall is None or call is None or iofc is None:
+            raise ValueError(f"{op_name}: HAll, CAll and iofc are required")
+
+        def first(t):
+            return None if t is None else _c(t[0] if t.dim() == 3 else t[:, 0])
+        dx, dw, dr, db, dh0, dc0, _ = krnn.lstm_backward(
+            x, w, r, None, first(h0), first(c0), first(hall), first(call), first(iofc),
+            first(dhall), first(dhfin), first(dcfin), needs=needs, torch_gates=True)
+        dbih = db[: 4 * h].clone() if db is not None else None
+        dbhh = db[4 * h:].clone() if db is not None else None
+        return (dx, dw, dr, dbih, dbhh, None if dh0 is None else dh0.unsqueeze(0),
+                None if dc0 is None else dc0.unsqueeze(0))[:len(ctx.node.output)]
     return run

@@ -20,7 +20,9 @@ TOL = {torch.float64: {"rtol": 1e-10, "atol": 1e-12}, torch.float32: {"rtol": 2e
 
 
 def _run(model, args, fused: bool, monkeypatch, save_onnx=None):
-    """(outputs, {param: grad}, the rewrite descriptions) of two ORTModule steps."""
+    """(outputs, {param or input k: grad}, the rewrite descriptions) of two ORTModule
+    steps."""
+    args = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
     with monkeypatch.context() as m:
         if not fused:
             m.setattr(training_fusions, "PASSES", [])
@@ -30,6 +32,7 @@ def _run(model, args, fused: bool, monkeypatch, save_onnx=None):
             out = om(*args)
             (out[0] if isinstance(out, tuple) else out).backward()
     grads = {n: p.grad for n, p in model.named_parameters()}
+    grads.update({f"input {k}": a.grad for k, a in enumerate(args) if a.requires_grad})
     sig = ortcpu_torch.report(om, file=None).graph["signatures"][0]
     return out, grads, sig["training_fusions"]
 
@@ -149,3 +152,34 @@ def test_masked_softmax_kernels_against_torch_with_fully_masked_rows_and_bad_mas
     torch.testing.assert_close(got["dx"][:, :, ok], xr.grad[:, :, ok])
     with pytest.raises(GraphRunError, match="MaskedScaledSoftmax: mask must be bool"):
         ex.run({"x": x, "m": torch.ones(3, 6, dtype=torch.bool), "dy": dy})
+
+
+class Recurrent(nn.Module):
+    def __init__(self, **kw):
+        super().__init__()
+        self.lstm = nn.LSTM(3, 4, batch_first=True, **kw)
+
+    def forward(self, x, h0, c0):
+        out, (h, c) = self.lstm(x, (h0, c0))
+        return out.square().sum() + (h * c).sum(), out
+
+
+LSTM_DONE = ("LSTMTraining (+ LSTMGrad) with gate-reorder chains -> LSTMTorchGatesTraining "
+             "(+ LSTMTorchGatesGrad)")
+
+
+@pytest.mark.parametrize(("kw", "fused", "dtype"), [
+    ({}, 1, torch.float64), ({}, 1, torch.float32), ({"bias": False}, 1, torch.float32),
+    ({"num_layers": 2}, 2, torch.float64), ({"bidirectional": True}, 2, torch.float64)],
+    ids=["bias-f64", "bias-f32", "no_bias-f32", "two_layers-f64", "bidirectional-f64"])
+def test_lstm_in_torch_gate_order(kw, fused, dtype, monkeypatch, tmp_path):
+    """Input, state and every parameter gradient equal the reordering graph's (the capture
+    writes a reverse direction as a forward LSTM on reversed steps: fused too)."""
+    d = 2 if kw.get("bidirectional") else 1
+    layers = kw.get("num_layers", 1)
+    x = torch.randn(2, 5, 3, requires_grad=True)
+    h0 = torch.randn(layers * d, 2, 4, requires_grad=True)
+    c0 = torch.randn(layers * d, 2, 4)
+    done = check_fused_matches_unfused(lambda: Recurrent(**kw), [x, h0, c0], dtype,
+                                       monkeypatch, tmp_path)
+    assert done.count(LSTM_DONE) == fused
