@@ -1,7 +1,8 @@
 """Plan-time bindings of the training kernels a gradient graph runs on every step
 (BatchNormInternal, BatchNormalizationGrad, ConvGrad), and the private ops of
 ``training_fusions`` (MaxPool2x2Train, MaxPool2x2TrainGrad, MaskedScaledSoftmax,
-MaskedScaledSoftmaxGrad, LSTMTorchGatesTraining, LSTMTorchGatesGrad).
+MaskedScaledSoftmaxGrad, LSTMTorchGatesTraining, LSTMTorchGatesGrad,
+BiasGeluGradWithBiasGrad).
 
 When the planner knows the node's input shapes and float dtype, the arguments are checked
 once, here, when the plan is built (the same checks the registry kernel makes per call),
@@ -16,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from .._native import ffi, native_fn, ptr
+from ..kernels import activations as kact
 from ..kernels import batchnorm as bn
 from ..kernels import conv as kconv
 from ..kernels import pool as kpool
@@ -318,4 +320,22 @@ def _lstm_torch_gates_grad(ctx):
         dbhh = db[4 * h:].clone() if db is not None else None
         return (dx, dw, dr, dbih, dbhh, None if dh0 is None else dh0.unsqueeze(0),
                 None if dc0 is None else dc0.unsqueeze(0))[:len(ctx.node.output)]
+    return run
+
+
+@op("BiasGeluGradWithBiasGrad", domain=TRAINING_DOMAIN, kind="kernel")
+def _bias_gelu_grad(ctx):
+    """(dX, dB) of Gelu(X + B) (``approximate`` 1: the tanh form) from dY, X, B: dB, the sum
+    of dX over every axis but the last, in the same pass."""
+    op_name = "BiasGeluGradWithBiasGrad"
+    approximate = int(ctx.attr("approximate", 0))
+
+    def run(dy, x, b):
+        dy, x, b = dy.contiguous(), x.contiguous(), b.contiguous()
+        if dy.shape != x.shape or not x.dim() or b.shape != (x.shape[-1],) or \
+                x.dtype not in FLOATS or not dy.dtype == x.dtype == b.dtype:
+            raise ValueError(f"{op_name}: dY and X must be float tensors of one shape and B "
+                             f"1-D along their last axis, got {dy.dtype} {list(dy.shape)}, "
+                             f"{x.dtype} {list(x.shape)}, {b.dtype} {list(b.shape)}")
+        return kact.gelu_backward_core(op_name, dy, x, b, approximate, True)
     return run

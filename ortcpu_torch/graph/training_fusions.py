@@ -43,6 +43,21 @@ def _static_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
     return out
 
 
+def _value_shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
+    """Static shapes of the graph's values: its value_info, completed by ONNX inference
+    from the (static) input shapes of the captured signature."""
+    from .shapes import infer_value_shapes
+
+    shapes = _static_shapes(model)
+    ins = {vi.name: tuple(shapes[vi.name]) for vi in model.graph.input if vi.name in shapes}
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in model.graph.input}
+    inferred, _ = infer_value_shapes(model, ins, types)
+    for name, dims in (inferred or {}).items():
+        if dims is not None and all(isinstance(d, int) for d in dims):
+            shapes.setdefault(name, list(dims))
+    return shapes
+
+
 def _is(node, op_type: str) -> bool:
     return node.op_type == op_type and node.domain in _ONNX
 
@@ -51,10 +66,10 @@ class _Rewrite:
     """One pass over a training graph: who produces and reads each value, and the
     replacements chosen so far (node -> the nodes that take its place, [] to drop it)."""
 
-    def __init__(self, model: onnx.ModelProto):
+    def __init__(self, model: onnx.ModelProto, shapes: dict[str, list[int]]):
         self.model = model
         self.nodes = list(model.graph.node)  # one wrapper object per node: id() is stable
-        self.shapes = _static_shapes(model)
+        self.shapes = shapes
         self.outputs = {o.name for o in model.graph.output}
         self.readers: dict[str, list] = {}
         self.producer: dict[str, onnx.NodeProto] = {}
@@ -461,17 +476,97 @@ def _lstm_torch_gates(g: _Rewrite) -> None:
                       "LSTMTorchGatesTraining (+ LSTMTorchGatesGrad)")
 
 
+# ---- bias + GELU ---------------------------------------------------------------------------
+
+_GELUS = {"Gelu": ("BiasGelu", "BiasGeluGrad_dX", "GeluGrad", 0),
+          "FastGelu": ("FastGelu", "BiasFastGeluGrad_dX", "FastGeluGrad", 1)}
+
+
+def _bias_gelu(g: _Rewrite) -> None:
+    for gelu in g.nodes:
+        spec = _GELUS.get(gelu.op_type)
+        if spec is None or gelu.domain not in _MS or len(gelu.input) != 1 or g.taken(gelu):
+            continue
+        fused_fwd, fused_bwd, grad_op, approximate = spec
+        z = gelu.input[0]
+        add = g.producer.get(z)
+        if add is None or not _is(add, "Add") or z in g.outputs or g.taken(add):
+            continue
+        shape = g.shapes.get(z)
+        if shape is None or not shape:
+            continue
+        for k in (0, 1):
+            m, b = add.input[k], add.input[1 - k]
+            # with b [N] and m [..., N], Add(m, b) has m's shape
+            if g.shapes.get(b) == [shape[-1]] and _last_dim(g, m) == shape[-1]:
+                break
+        else:
+            continue
+        grads = [r for r in g.readers.get(z, []) if r is not gelu]
+        if any(r.op_type != grad_op or r.domain not in _MS or list(r.input)[1:] != [z]
+               for r in grads) or g.taken(*grads):
+            continue
+        g.replace[id(add)] = []
+        g.replace[id(gelu)] = [helper.make_node(fused_fwd, [m, b], list(gelu.output),
+                                                domain="com.microsoft",
+                                                name=gelu.name + "_bias")]
+        g.done.append(f"Add + {gelu.op_type} -> {fused_fwd}")
+        for r in grads:
+            dz = r.output[0]
+            sums = [s for s in g.readers.get(dz, []) if _is(s, "ReduceSum") and
+                    not g.taken(s) and _sums_to_last_axis(g, s, len(shape))]
+            if sums:
+                g.replace[id(sums[0])] = []
+                g.replace[id(r)] = [helper.make_node(
+                    "BiasGeluGradWithBiasGrad", [r.input[0], m, b], [dz, sums[0].output[0]],
+                    domain=DOMAIN, name=r.name + "_bias", approximate=approximate)]
+                g.done.append(f"{grad_op} + ReduceSum -> BiasGeluGradWithBiasGrad")
+            else:
+                g.replace[id(r)] = [helper.make_node(fused_bwd, [r.input[0], m, b], [dz],
+                                                     domain="com.microsoft",
+                                                     name=r.name + "_bias")]
+                g.done.append(f"{grad_op} -> {fused_bwd}")
+
+
+def _last_dim(g: _Rewrite, v: str) -> int | None:
+    """The last dim of ``v``: from its shape, else from the weight of the MatMul / Gemm
+    computing it (ONNX inference can lose a shape behind an op it has no schema for)."""
+    shape = g.shapes.get(v)
+    if shape:
+        return shape[-1]
+    p = g.producer.get(v)
+    if p is None or not (_is(p, "MatMul") or _is(p, "Gemm")) or len(p.input) < 2:
+        return None
+    w = g.shapes.get(p.input[1])
+    t = g.producer.get(p.input[1])
+    if w is None and _transpose_2d(t) and g.shapes.get(t.input[0]):
+        w = g.shapes[t.input[0]][::-1]
+    if w is None or len(w) != 2:
+        return None
+    return w[0] if _is(p, "Gemm") and _attrs(p).get("transB", 0) else w[1]
+
+
+def _sums_to_last_axis(g: _Rewrite, s, rank: int) -> bool:
+    """``s`` is ReduceSum over every axis but the last, keepdims 0."""
+    a = _attrs(s)
+    axes = _ints(g, s.input[1]) if len(s.input) > 1 and s.input[1] else a.get("axes")
+    if axes is None or a.get("keepdims", 1) != 0 or a.get("noop_with_empty_axes", 0):
+        return False
+    return sorted(x % rank for x in axes) == list(range(rank - 1))
+
+
 PASSES: list[Callable[[_Rewrite], None]] = [_maxpool_2x2, _gemm_reads_transpose,
                                             _gemm_transposed_output, _masked_softmax,
-                                            _lstm_torch_gates]
+                                            _lstm_torch_gates, _bias_gelu]
 
 
 def fuse_training_graph(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
     """A rewritten copy of ``model`` (or ``model`` itself when nothing applies) and a
     description of each rewrite."""
     done = []
+    shapes = _value_shapes(model)  # the passes keep every value they do not remove
     for rewrite in PASSES:
-        g = _Rewrite(model)
+        g = _Rewrite(model, shapes)
         rewrite(g)
         model = g.result()
         done += g.done

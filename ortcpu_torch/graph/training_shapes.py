@@ -83,6 +83,7 @@ RULES: dict[str, Callable] = {
     "MaskedScaledSoftmaxGrad": _like(1),
     "LSTMTorchGatesTraining": _lstm_torch_gates,
     "LSTMTorchGatesGrad": _lstm_torch_gates_grad,
+    "BiasGeluGradWithBiasGrad": _like(1, 2),
 }
 
 

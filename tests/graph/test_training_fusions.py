@@ -49,8 +49,11 @@ def check_fused_matches_unfused(make, args, dtype, monkeypatch, tmp_path=None):
     out_u = out_u if isinstance(out_u, tuple) else (out_u,)
     for a, b in zip(out_f, out_u, strict=True):
         torch.testing.assert_close(a, b, **TOL[dtype])
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
     for name, g in g_u.items():
-        assert g is not None, name
+        assert (g is None) == (g_f[name] is None) == (name in frozen), name
+        if g is None:
+            continue
         torch.testing.assert_close(g_f[name], g, **TOL[dtype], msg=name)
         assert g_f[name].is_contiguous(), name
     if tmp_path is not None:  # the saved training graph stays standard ONNX + ORT ops
@@ -183,3 +186,33 @@ def test_lstm_in_torch_gate_order(kw, fused, dtype, monkeypatch, tmp_path):
     done = check_fused_matches_unfused(lambda: Recurrent(**kw), [x, h0, c0], dtype,
                                        monkeypatch, tmp_path)
     assert done.count(LSTM_DONE) == fused
+
+
+class GeluMLP(nn.Module):
+    def __init__(self, approximate: str, frozen_bias: bool):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(6, 9), nn.Linear(9, 2)
+        self.act = nn.GELU(approximate=approximate)
+        self.fc1.bias.requires_grad_(not frozen_bias)
+
+    def forward(self, x):
+        y = self.fc2(self.act(self.fc1(x)))
+        return y.square().mean(), y
+
+
+@pytest.mark.parametrize(("approximate", "frozen_bias", "dtype"), [
+    ("none", False, torch.float64), ("none", False, torch.float32),
+    ("tanh", False, torch.float64), ("none", True, torch.float64),
+    ("tanh", True, torch.float32)],
+    ids=["erf-f64", "erf-f32", "tanh-f64", "erf-frozen_bias-f64", "tanh-frozen_bias-f32"])
+def test_bias_gelu(approximate, frozen_bias, dtype, monkeypatch, tmp_path):
+    """The bias add folds into the GELU; its gradient comes out of the GELU-gradient pass
+    (or, with the bias frozen, BiasGeluGrad_dX without one)."""
+    x = torch.randn(3, 4, 6, requires_grad=True)
+    done = check_fused_matches_unfused(lambda: GeluMLP(approximate, frozen_bias), [x], dtype,
+                                       monkeypatch, tmp_path)
+    gelu, grad, fused = (("Gelu", "GeluGrad", "BiasGelu") if approximate == "none" else
+                         ("FastGelu", "FastGeluGrad", "FastGelu"))
+    assert f"Add + {gelu} -> {fused}" in done
+    assert (f"{grad} -> Bias{gelu}Grad_dX" if frozen_bias else
+            f"{grad} + ReduceSum -> BiasGeluGradWithBiasGrad") in done
