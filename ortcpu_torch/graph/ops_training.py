@@ -2,7 +2,7 @@
 (BatchNormInternal, BatchNormalizationGrad, ConvGrad), and the private ops of
 ``training_fusions`` (MaxPool2x2Train, MaxPool2x2TrainGrad, MaskedScaledSoftmax,
 MaskedScaledSoftmaxGrad, LSTMTorchGatesTraining, LSTMTorchGatesGrad,
-BiasGeluGradWithBiasGrad).
+BiasGeluGradWithBiasGrad, SplitView).
 
 When the planner knows the node's input shapes and float dtype, the arguments are checked
 once, here, when the plan is built (the same checks the registry kernel makes per call),
@@ -338,4 +338,18 @@ def _bias_gelu_grad(ctx):
                              f"1-D along their last axis, got {dy.dtype} {list(dy.shape)}, "
                              f"{x.dtype} {list(x.shape)}, {b.dtype} {list(b.shape)}")
         return kact.gelu_backward_core(op_name, dy, x, b, approximate, True)
+    return run
+
+
+@op("SplitView", domain=TRAINING_DOMAIN, kind="torch")
+def _split_view(ctx):
+    """Split along ``axis`` into ``sizes`` as views of the input (training_fusions.py
+    rewrites a Split to this only when Reshapes alone read the pieces)."""
+    axis, sizes = int(ctx.attr("axis")), [int(v) for v in ctx.attr("sizes")]
+
+    def run(x):
+        if x.dim() <= axis or x.shape[axis] != sum(sizes):
+            raise ValueError(f"SplitView: input {list(x.shape)} does not split into {sizes} "
+                             f"along axis {axis}")
+        return tuple(x.split(sizes, dim=axis))
     return run

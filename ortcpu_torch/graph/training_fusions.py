@@ -555,9 +555,36 @@ def _sums_to_last_axis(g: _Rewrite, s, rank: int) -> bool:
     return sorted(x % rank for x in axes) == list(range(rank - 1))
 
 
+# ---- Split into views --------------------------------------------------------------------
+
+
+def _split_views(g: _Rewrite) -> None:
+    for sp in g.nodes:
+        if not _is(sp, "Split") or g.taken(sp) or g.opset < 13:
+            continue
+        shape = g.shapes.get(sp.input[0])
+        if shape is None or not shape:
+            continue
+        a = _attrs(sp)
+        axis = int(a.get("axis", 0)) % len(shape)
+        sizes = _ints(g, sp.input[1]) if len(sp.input) > 1 and sp.input[1] else None
+        n = len(sp.output)
+        if sizes is None and "num_outputs" not in a and shape[axis] % n == 0:
+            sizes = [shape[axis] // n] * n
+        if sizes is None or len(sizes) != n or sum(sizes) != shape[axis] or \
+                any(not o or o in g.outputs or not g.readers.get(o) or
+                    any(not _is(r, "Reshape") or r.input[0] != o for r in g.readers[o])
+                    for o in sp.output):
+            continue
+        g.replace[id(sp)] = [helper.make_node("SplitView", [sp.input[0]], list(sp.output),
+                                              domain=DOMAIN, name=sp.name + "_views",
+                                              axis=axis, sizes=sizes)]
+        g.done.append("Split (read by Reshapes) -> SplitView")
+
+
 PASSES: list[Callable[[_Rewrite], None]] = [_maxpool_2x2, _gemm_reads_transpose,
                                             _gemm_transposed_output, _masked_softmax,
-                                            _lstm_torch_gates, _bias_gelu]
+                                            _lstm_torch_gates, _bias_gelu, _split_views]
 
 
 def fuse_training_graph(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:

@@ -59,6 +59,15 @@ def _lstm_torch_gates_grad(node, ins, known):
     return [ins[0], ins[1], ins[2], bias, bias, ins[3], ins[4]]
 
 
+def _split_view(node, ins, known):
+    x = ins[0] if ins else None
+    a = {at.name: at for at in node.attribute}
+    if x is None or "axis" not in a or "sizes" not in a:
+        return [None] * len(node.output)
+    axis = a["axis"].i
+    return [tuple(s if k != axis else n for k, s in enumerate(x)) for n in a["sizes"].ints]
+
+
 _UNARY_GRADS = ("GeluGrad", "FastGeluGrad", "QuickGeluGrad", "BiasGeluGrad_dX", "ReluGrad",
                 "SigmoidGrad", "TanhGrad", "SoftmaxGrad", "SoftmaxGrad_13", "LogSoftmaxGrad",
                 "LogSoftmaxGrad_13", "DropoutGrad", "BiasFastGeluGrad_dX", "LeakyReluGrad")
@@ -84,6 +93,7 @@ RULES: dict[str, Callable] = {
     "LSTMTorchGatesTraining": _lstm_torch_gates,
     "LSTMTorchGatesGrad": _lstm_torch_gates_grad,
     "BiasGeluGradWithBiasGrad": _like(1, 2),
+    "SplitView": _split_view,
 }
 
 

@@ -216,3 +216,25 @@ def test_bias_gelu(approximate, frozen_bias, dtype, monkeypatch, tmp_path):
     assert f"Add + {gelu} -> {fused}" in done
     assert (f"{grad} -> Bias{gelu}Grad_dX" if frozen_bias else
             f"{grad} + ReduceSum -> BiasGeluGradWithBiasGrad") in done
+
+
+class HeadSplit(nn.Module):
+    """minGPT's q/k/v split and head reshape."""
+
+    def __init__(self, d: int = 8, heads: int = 2):
+        super().__init__()
+        self.heads, self.qkv = heads, nn.Linear(d, 3 * d)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
+        return y.square().sum(), y
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_split_views(dtype, monkeypatch, tmp_path):
+    x = torch.randn(2, 5, 8, requires_grad=True)
+    done = check_fused_matches_unfused(HeadSplit, [x], dtype, monkeypatch, tmp_path)
+    assert "Split (read by Reshapes) -> SplitView" in done
