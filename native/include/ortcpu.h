@@ -129,6 +129,26 @@ int ortcpu_softmax_backward_f64(const double *dy, const double *y, double *dx,
                                 int64_t outer, int64_t dim, int64_t inner, int log_,
                                 int nthreads);
 
+/* ---- masked scaled softmax (ORTModule training fusion) ----------------------
+ * x, y, dy, dx: [rows, n], softmax over n. y = softmax(v) with v[i] = fill where
+ * mask[i] == masked_when, else x[i] * scale; mask (NULL: none) is [mask_rows, n] and row
+ * r reads mask row r % mask_rows. Backward takes y: dx = scale * y * (dy - sum(dy * y)),
+ * 0 at masked positions. */
+int ortcpu_masked_softmax_forward_f32(const float *x, const uint8_t *mask, float *y,
+                                      int64_t rows, int64_t n, int64_t mask_rows,
+                                      double scale, double fill, int masked_when,
+                                      int nthreads);
+int ortcpu_masked_softmax_forward_f64(const double *x, const uint8_t *mask, double *y,
+                                      int64_t rows, int64_t n, int64_t mask_rows,
+                                      double scale, double fill, int masked_when,
+                                      int nthreads);
+int ortcpu_masked_softmax_backward_f32(const float *dy, const float *y, const uint8_t *mask,
+                                       float *dx, int64_t rows, int64_t n, int64_t mask_rows,
+                                       double scale, int masked_when, int nthreads);
+int ortcpu_masked_softmax_backward_f64(const double *dy, const double *y, const uint8_t *mask,
+                                       double *dx, int64_t rows, int64_t n, int64_t mask_rows,
+                                       double scale, int masked_when, int nthreads);
+
 /* ---- tensor ops (spec §9, §10.1) -------------------------------------------
  * strided_copy: dst[i] = src[i] over an N-d index space `shape`, strides in
  * elements (may be negative), any element size (Slice, SliceGrad, Split, Concat).

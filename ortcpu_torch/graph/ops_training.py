@@ -1,6 +1,8 @@
 """Plan-time bindings of the training kernels a gradient graph runs on every step
 (BatchNormInternal, BatchNormalizationGrad, ConvGrad), and the private ops of
-``training_fusions`` (MaxPool2x2Train, MaxPool2x2TrainGrad).
+``training_fusions`` (MaxPool2x2Train, MaxPool2x2TrainGrad, MaskedScaledSoftmax,
+MaskedScaledSoftmaxGrad, LSTMTorchGatesTraining, LSTMTorchGatesGrad,
+BiasGeluGradWithBiasGrad, SplitView).
 
 When the planner knows the node's input shapes and float dtype, the arguments are checked
 once, here, when the plan is built (the same checks the registry kernel makes per call),
@@ -14,9 +16,13 @@ from __future__ import annotations
 
 import torch
 
+from .._native import ffi, native_fn, ptr
+from ..kernels import activations as kact
 from ..kernels import batchnorm as bn
 from ..kernels import conv as kconv
 from ..kernels import pool as kpool
+from ..kernels import rnn as krnn
+from ..kernels._checks import check_status, get_num_threads
 from .op_table import MS_DOMAIN, ONNX_DOMAIN, op
 from .training_fusions import DOMAIN as TRAINING_DOMAIN
 
@@ -162,4 +168,188 @@ def _maxpool_2x2_grad(ctx):
             raise ValueError(f"MaxPool2x2TrainGrad: dY and the code must have shape "
                              f"{list(y_shape)}, got {list(dy.shape)} and {list(code.shape)}")
         return kpool.maxpool2x2_backward("MaxPoolGrad", dy.contiguous(), code, x_shape, geom)
+    return run
+
+
+def _mask_rows(op: str, mask: torch.Tensor, x: torch.Tensor) -> int:
+    """Rows of ``mask`` as the kernel reads it ([mask_rows, S], broadcast over x's leading
+    dims; training_fusions._mask_fits), or ValueError."""
+    ms, xs = tuple(mask.shape), tuple(x.shape)
+    if mask.dtype != torch.bool or not ms or len(ms) > len(xs) or ms[-1] != xs[-1] or \
+            (len(ms) >= 2 and ms[-2] not in (1, xs[-2])) or any(d != 1 for d in ms[:-2]):
+        raise ValueError(f"{op}: mask must be bool [T or 1, {xs[-1] if xs else '?'}] "
+                         f"broadcast over the scores {list(xs)}, got {mask.dtype} "
+                         f"{list(ms)}")
+    return ms[-2] if len(ms) >= 2 else 1
+
+
+def _double_attr(ctx, name: str) -> float:
+    """A float64 scalar tensor attribute (training_fusions._double)."""
+    v = ctx.attr(name)
+    if not isinstance(v, torch.Tensor) or v.numel() != 1:
+        raise ValueError(f"{ctx.node.op_type}: attribute {name!r} must be a one-element "
+                         f"tensor, got {v!r}")
+    return float(v.reshape(-1)[0])
+
+
+def _mask_ptr(mask: torch.Tensor):
+    return ffi.cast("uint8_t *", mask.data_ptr())
+
+
+@op("MaskedScaledSoftmax", domain=TRAINING_DOMAIN, kind="kernel")
+def _masked_softmax(ctx):
+    """softmax over the last axis of Where(mask, fill, X * scale) (``masked_when`` 1; 0:
+    the fill where mask is false), one pass (training_fusions.py)."""
+    op_name = "MaskedScaledSoftmax"
+    scale, fill = _double_attr(ctx, "scale"), _double_attr(ctx, "fill")
+    masked_when = int(ctx.attr("masked_when", 1))
+
+    def run(x, mask):
+        x = x.contiguous()
+        if x.dtype not in FLOATS or not x.dim():
+            raise ValueError(f"{op_name}: scores must be float32/float64 with rank >= 1, "
+                             f"got {x.dtype} {list(x.shape)}")
+        rows_m = _mask_rows(op_name, mask, x)
+        mask = mask.contiguous()
+        y = torch.empty_like(x)
+        n = x.shape[-1]
+        st = native_fn("masked_softmax_forward", x.dtype)(
+            ptr(x), _mask_ptr(mask), ptr(y), x.numel() // n if n else 0, n, rows_m, scale,
+            fill, masked_when, get_num_threads())
+        check_status(st, op_name)
+        return y
+    return run
+
+
+@op("MaskedScaledSoftmaxGrad", domain=TRAINING_DOMAIN, kind="kernel")
+def _masked_softmax_grad(ctx):
+    """dX of MaskedScaledSoftmax from dY and its output Y: scale * SoftmaxGrad, 0 where
+    masked."""
+    op_name = "MaskedScaledSoftmaxGrad"
+    scale = _double_attr(ctx, "scale")
+    masked_when = int(ctx.attr("masked_when", 1))
+
+    def run(dy, y, mask):
+        dy, y = dy.contiguous(), y.contiguous()
+        if dy.shape != y.shape or dy.dtype != y.dtype or y.dtype not in FLOATS or not y.dim():
+            raise ValueError(f"{op_name}: dY and Y must be float tensors of one shape and "
+                             f"dtype, got {dy.dtype} {list(dy.shape)} and {y.dtype} "
+                             f"{list(y.shape)}")
+        rows_m = _mask_rows(op_name, mask, y)
+        mask = mask.contiguous()
+        dx = torch.empty_like(y)
+        n = y.shape[-1]
+        st = native_fn("masked_softmax_backward", y.dtype)(
+            ptr(dy), ptr(y), _mask_ptr(mask), ptr(dx), y.numel() // n if n else 0, n, rows_m,
+            scale, masked_when, get_num_threads())
+        check_status(st, op_name)
+        return dx
+    return run
+
+
+def _lstm_shapes(op: str, x, w, r, h, extra=()):
+    """ValueError unless x [S, B, I], w [4H, I], r [4H, H] share a float dtype and each of
+    ``extra`` ((name, tensor or None, shape)) has its shape."""
+    ok = x.dim() == 3 and w.dim() == 2 and r.dim() == 2 and x.dtype in FLOATS and \
+        w.shape == (4 * h, x.shape[2]) and r.shape == (4 * h, h) and \
+        w.dtype == x.dtype == r.dtype
+    bad = [n for n, t, s in extra if t is not None and (tuple(t.shape) != s or
+                                                         t.dtype != x.dtype)]
+    if not ok or bad:
+        raise ValueError(f"{op}: expected X [S, B, I], W [4H, I], R [4H, H] of one float dtype "
+                         f"with H={h}, got {list(x.shape)} {list(w.shape)} {list(r.shape)}"
+                         + (f"; bad {', '.join(bad)}" if bad else ""))
+
+
+def _c(t):
+    return None if t is None else t.contiguous()
+
+
+@op("LSTMTorchGatesTraining", domain=TRAINING_DOMAIN, kind="kernel")
+def _lstm_torch_gates(ctx):
+    """LSTMTraining (one forward direction, no peepholes) on torch-order parameters:
+    inputs X, W_ih [4H, I], W_hh [4H, H], b_ih, b_hh [4H] (optional), H0, C0 [1, B, H];
+    outputs as LSTMTraining's (iofc in torch's gate order, read only by the Grad below)."""
+    op_name = "LSTMTorchGatesTraining"
+    h = int(ctx.attr("hidden_size"))
+
+    def run(x, w, r, bih=None, bhh=None, h0=None, c0=None):
+        x, w, r = x.contiguous(), w.contiguous(), r.contiguous()
+        sb = (1, x.shape[1], h) if x.dim() == 3 else None
+        _lstm_shapes(op_name, x, w, r, h, (("b_ih", bih, (4 * h,)), ("b_hh", bhh, (4 * h,)),
+                                           ("H0", h0, sb), ("C0", c0, sb)))
+        if (bih is None) != (bhh is None):
+            raise ValueError(f"{op_name}: b_ih and b_hh must both be given or both absent")
+        b = None if bih is None else torch.cat([bih, bhh])
+        hall, call, iofc = krnn.lstm_forward(x, w, r, b, None, None if h0 is None else
+                                             _c(h0[0]), None if c0 is None else _c(c0[0]),
+                                             torch_gates=True)
+        return (hall.unsqueeze(1), hall[-1:].clone(), call[-1:].clone(), call.unsqueeze(1),
+                iofc.unsqueeze(1))[:len(ctx.node.output)]
+    return run
+
+
+@op("LSTMTorchGatesGrad", domain=TRAINING_DOMAIN, kind="kernel")
+def _lstm_torch_gates_grad(ctx):
+    """LSTMGrad of LSTMTorchGatesTraining: inputs X, W_ih, W_hh, H0, C0, HAll, CAll, iofc,
+    dHAll, dHFinal, dCFinal; outputs dX, dW_ih, dW_hh, db_ih, db_hh, dH0, dC0 (torch
+    order; '' where not needed)."""
+    op_name = "LSTMTorchGatesGrad"
+    h = int(ctx.attr("hidden_size"))
+    used = list(ctx.outputs_used) + [False] * (7 - len(ctx.outputs_used))
+    needs = (used[0], used[1], used[2], used[3] or used[4], used[5], used[6], False)
+
+    def run(x, w, r, h0=None, c0=None, hall=None, call=None, iofc=None, dhall=None,
+            dhfin=None, dcfin=None):
+        x, w, r = x.contiguous(), w.contiguous(), r.contiguous()
+        s, b = (x.shape[0], x.shape[1]) if x.dim() == 3 else (0, 0)
+        _lstm_shapes(op_name, x, w, r, h, (
+            ("H0", h0, (1, b, h)), ("C0", c0, (1, b, h)), ("HAll", hall, (s, 1, b, h)),
+            ("CAll", call, (s, 1, b, h)), ("iofc", iofc, (s, 1, b, 4 * h)),
+            ("dHAll", dhall, (s, 1, b, h)), ("dHFinal", dhfin, (1, b, h)),
+            ("dCFinal", dcfin, (1, b, h))))
+        if hall is None or call is None or iofc is None:
+            raise ValueError(f"{op_name}: HAll, CAll and iofc are required")
+
+        def first(t):
+            return None if t is None else _c(t[0] if t.dim() == 3 else t[:, 0])
+        dx, dw, dr, db, dh0, dc0, _ = krnn.lstm_backward(
+            x, w, r, None, first(h0), first(c0), first(hall), first(call), first(iofc),
+            first(dhall), first(dhfin), first(dcfin), needs=needs, torch_gates=True)
+        dbih = db[: 4 * h].clone() if db is not None else None
+        dbhh = db[4 * h:].clone() if db is not None else None
+        return (dx, dw, dr, dbih, dbhh, None if dh0 is None else dh0.unsqueeze(0),
+                None if dc0 is None else dc0.unsqueeze(0))[:len(ctx.node.output)]
+    return run
+
+
+@op("BiasGeluGradWithBiasGrad", domain=TRAINING_DOMAIN, kind="kernel")
+def _bias_gelu_grad(ctx):
+    """(dX, dB) of Gelu(X + B) (``approximate`` 1: the tanh form) from dY, X, B: dB, the sum
+    of dX over every axis but the last, in the same pass."""
+    op_name = "BiasGeluGradWithBiasGrad"
+    approximate = int(ctx.attr("approximate", 0))
+
+    def run(dy, x, b):
+        dy, x, b = dy.contiguous(), x.contiguous(), b.contiguous()
+        if dy.shape != x.shape or not x.dim() or b.shape != (x.shape[-1],) or \
+                x.dtype not in FLOATS or not dy.dtype == x.dtype == b.dtype:
+            raise ValueError(f"{op_name}: dY and X must be float tensors of one shape and B "
+                             f"1-D along their last axis, got {dy.dtype} {list(dy.shape)}, "
+                             f"{x.dtype} {list(x.shape)}, {b.dtype} {list(b.shape)}")
+        return kact.gelu_backward_core(op_name, dy, x, b, approximate, True)
+    return run
+
+
+@op("SplitView", domain=TRAINING_DOMAIN, kind="torch")
+def _split_view(ctx):
+    """Split along ``axis`` into ``sizes`` as views of the input (training_fusions.py
+    rewrites a Split to this only when Reshapes alone read the pieces)."""
+    axis, sizes = int(ctx.attr("axis")), [int(v) for v in ctx.attr("sizes")]
+
+    def run(x):
+        if x.dim() <= axis or x.shape[axis] != sum(sizes):
+            raise ValueError(f"SplitView: input {list(x.shape)} does not split into {sizes} "
+                             f"along axis {axis}")
+        return tuple(x.split(sizes, dim=axis))
     return run

@@ -44,6 +44,30 @@ def _x_shape_attr(node, ins, known):
     return [None]
 
 
+def _lstm_torch_gates(node, ins, known):
+    x, w = (ins + [None, None])[:2]
+    if x is None or w is None or len(x) != 3 or len(w) != 2:
+        return [None] * 5
+    s, b, h = x[0], x[1], w[0] // 4
+    return [(s, 1, b, h), (1, b, h), (1, b, h), (s, 1, b, h), (s, 1, b, 4 * h)]
+
+
+def _lstm_torch_gates_grad(node, ins, known):
+    ins = ins + [None] * 5
+    w = ins[1]
+    bias = (w[0],) if w is not None and len(w) == 2 else None
+    return [ins[0], ins[1], ins[2], bias, bias, ins[3], ins[4]]
+
+
+def _split_view(node, ins, known):
+    x = ins[0] if ins else None
+    a = {at.name: at for at in node.attribute}
+    if x is None or "axis" not in a or "sizes" not in a:
+        return [None] * len(node.output)
+    axis = a["axis"].i
+    return [tuple(s if k != axis else n for k, s in enumerate(x)) for n in a["sizes"].ints]
+
+
 _UNARY_GRADS = ("GeluGrad", "FastGeluGrad", "QuickGeluGrad", "BiasGeluGrad_dX", "ReluGrad",
                 "SigmoidGrad", "TanhGrad", "SoftmaxGrad", "SoftmaxGrad_13", "LogSoftmaxGrad",
                 "LogSoftmaxGrad_13", "DropoutGrad", "BiasFastGeluGrad_dX", "LeakyReluGrad")
@@ -64,6 +88,12 @@ RULES: dict[str, Callable] = {
     # training_fusions.py's private ops
     "MaxPool2x2Train": _maxpool_2x2,
     "MaxPool2x2TrainGrad": _x_shape_attr,
+    "MaskedScaledSoftmax": _like(0),
+    "MaskedScaledSoftmaxGrad": _like(1),
+    "LSTMTorchGatesTraining": _lstm_torch_gates,
+    "LSTMTorchGatesGrad": _lstm_torch_gates_grad,
+    "BiasGeluGradWithBiasGrad": _like(1, 2),
+    "SplitView": _split_view,
 }
 
 

@@ -1,0 +1,240 @@
+"""training_fusions.py: every rewrite of the graph ORTModule runs gives the results of the
+unfused training graph (float64 and float32), fires where it should, and never reaches the
+training graph that ``save_onnx`` writes."""
+
+from __future__ import annotations
+
+import copy
+
+import onnx
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import ortcpu_torch
+from ortcpu_torch import ORTModule
+from ortcpu_torch.graph import training_fusions
+
+TOL = {torch.float64: {"rtol": 1e-10, "atol": 1e-12}, torch.float32: {"rtol": 2e-5, "atol": 2e-6}}
+
+
+def _run(model, args, fused: bool, monkeypatch, save_onnx=None):
+    """(outputs, {param or input k: grad}, the rewrite descriptions) of two ORTModule
+    steps."""
+    args = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+    with monkeypatch.context() as m:
+        if not fused:
+            m.setattr(training_fusions, "PASSES", [])
+        om = ORTModule(model, fallback="error", save_onnx=save_onnx)
+        for _ in range(2):  # the second step runs the cached plans
+            om.zero_grad(set_to_none=True)
+            out = om(*args)
+            (out[0] if isinstance(out, tuple) else out).backward()
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    grads.update({f"input {k}": a.grad for k, a in enumerate(args) if a.requires_grad})
+    sig = ortcpu_torch.report(om, file=None).graph["signatures"][0]
+    return out, grads, sig["training_fusions"]
+
+
+def check_fused_matches_unfused(make, args, dtype, monkeypatch, tmp_path=None):
+    """Fused vs unfused ORTModule on copies of one model; returns the rewrites made."""
+    torch.manual_seed(0)
+    model = make().to(dtype)
+    args = [a.to(dtype) if a.is_floating_point() else a for a in args]
+    out_f, g_f, done = _run(copy.deepcopy(model), args, True, monkeypatch, tmp_path)
+    out_u, g_u, none = _run(copy.deepcopy(model), args, False, monkeypatch)
+    assert none == []
+    out_f = out_f if isinstance(out_f, tuple) else (out_f,)
+    out_u = out_u if isinstance(out_u, tuple) else (out_u,)
+    for a, b in zip(out_f, out_u, strict=True):
+        torch.testing.assert_close(a, b, **TOL[dtype])
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    for name, g in g_u.items():
+        assert (g is None) == (g_f[name] is None) == (name in frozen), name
+        if g is None:
+            continue
+        torch.testing.assert_close(g_f[name], g, **TOL[dtype], msg=name)
+        assert g_f[name].is_contiguous(), name
+    if tmp_path is not None:  # the saved training graph stays standard ONNX + ORT ops
+        saved = onnx.load(str(next(tmp_path.glob("*_training.onnx"))))
+        assert not any(n.domain == training_fusions.DOMAIN for n in saved.graph.node)
+    return done
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(6, 7), nn.Linear(7, 3, bias=False)
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.fc2(torch.tanh(self.fc1(x))).flatten(0, -2), y)
+
+
+@pytest.mark.parametrize(("rows", "dtype"), [
+    ((2, 4), torch.float64), ((1, 1), torch.float32), ((3, 2, 2), torch.float64),
+    ((5,), torch.float32)], ids=["3d-f64", "3d_one_row-f32", "4d-f64", "2d-f32"])
+def test_linear_weight_gradients_without_transposes(dtype, rows, monkeypatch, tmp_path):
+    """A Linear on [..., K] is MatMul(X, Transpose(W)): its backward Gemms read W itself and
+    write the weight gradient in W's layout (2-D inputs are a Gemm already: no rewrite)."""
+    x = torch.randn(*rows, 6)
+    y = torch.randint(0, 3, (x[..., 0].numel(),))
+    done = check_fused_matches_unfused(MLP, [x, y], dtype, monkeypatch, tmp_path)
+    n = 2 if len(rows) > 1 else 0
+    assert done.count("Transpose(Gemm(A, B)) -> Gemm(B, A) with the trans flags flipped") == n
+    assert done.count("Gemm(Transpose(W)) -> Gemm(W) with the trans flag flipped") == n // 2
+
+
+class Attention(nn.Module):
+    """Scores of a causal / padded attention written three ways (``variant``)."""
+
+    def __init__(self, variant: str, t: int = 5, d: int = 8):
+        super().__init__()
+        self.variant = variant
+        self.qk = nn.Linear(d, 2 * d)
+        causal = torch.ones(t, t, dtype=torch.bool).triu(1)
+        keys = torch.tensor([False] * (t - 2) + [True] * 2)  # padded keys: [S]
+        self.register_buffer("mask", {"keys": keys, "keep": ~causal}.get(variant, causal),
+                             persistent=False)
+
+    def forward(self, x, v):
+        q, k = self.qk(x).chunk(2, dim=-1)
+        att = q @ k.transpose(-2, -1)
+        if self.variant == "causal":  # minGPT: scale, masked_fill(-inf)
+            att = (att * 0.35).masked_fill(self.mask, float("-inf"))
+        elif self.variant == "keep":  # where(keep, scores, -inf), the scale on the left
+            att = torch.where(self.mask, 0.35 * att, float("-inf"))
+        else:  # padded keys, a finite fill, no scale
+            att = att.masked_fill(self.mask, -1e4)
+        y = torch.softmax(att, dim=-1) @ v
+        return y.square().sum(), y
+
+
+@pytest.mark.parametrize(("variant", "dtype"), [
+    ("causal", torch.float64), ("causal", torch.float32), ("keep", torch.float64),
+    ("keys", torch.float32)], ids=["causal-f64", "causal-f32", "keep-f64", "keys-f32"])
+def test_masked_scaled_softmax(variant, dtype, monkeypatch, tmp_path):
+    x = torch.randn(2, 3, 5, 8)
+    v = torch.randn(2, 3, 5, 4, requires_grad=True)
+    done = check_fused_matches_unfused(lambda: Attention(variant), [x, v], dtype, monkeypatch,
+                                       tmp_path)
+    assert "[Mul +] Where + Softmax -> MaskedScaledSoftmax" in done
+    assert "SoftmaxGrad_13 + Where [+ Mul] -> MaskedScaledSoftmaxGrad" in done
+
+
+def test_masked_softmax_kernels_against_torch_with_fully_masked_rows_and_bad_mask():
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+
+    from ortcpu_torch.graph import Executor, GraphRunError
+
+    x = torch.randn(2, 3, 4, 6, dtype=torch.float64)
+    mask = torch.rand(4, 6) < 0.4
+    mask[1] = True  # a fully masked row: NaN, as torch
+    dy = torch.randn_like(x)
+    half, ninf = training_fusions._double(0.5), training_fusions._double(float("-inf"))
+    nodes = [h.make_node("MaskedScaledSoftmax", ["x", "m"], ["y"],
+                         domain=training_fusions.DOMAIN, scale=half, fill=ninf, masked_when=1),
+             h.make_node("MaskedScaledSoftmaxGrad", ["dy", "y", "m"], ["dx"],
+                         domain=training_fusions.DOMAIN, scale=half, masked_when=1)]
+    vis = [h.make_tensor_value_info("x", TP.DOUBLE, list(x.shape)),
+           h.make_tensor_value_info("m", TP.BOOL, ["a", "b"]),
+           h.make_tensor_value_info("dy", TP.DOUBLE, list(x.shape))]
+    graph = h.make_graph(nodes, "g", vis,
+                         [h.make_empty_tensor_value_info(o) for o in ("y", "dx")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17),
+                                               h.make_opsetid(training_fusions.DOMAIN, 1)])
+    ex = Executor(model, check=False)
+    got = ex.run({"x": x, "m": mask, "dy": dy})
+    xr = x.clone().requires_grad_()
+    y = torch.softmax((xr * 0.5).masked_fill(mask, float("-inf")), -1)
+    y.backward(dy)
+    torch.testing.assert_close(got["y"], y.detach(), equal_nan=True)
+    assert got["y"][:, :, 1].isnan().all()
+    ok = torch.ones(4, dtype=torch.bool).index_fill_(0, torch.tensor(1), False)
+    torch.testing.assert_close(got["dx"][:, :, ok], xr.grad[:, :, ok])
+    with pytest.raises(GraphRunError, match="MaskedScaledSoftmax: mask must be bool"):
+        ex.run({"x": x, "m": torch.ones(3, 6, dtype=torch.bool), "dy": dy})
+
+
+class Recurrent(nn.Module):
+    def __init__(self, **kw):
+        super().__init__()
+        self.lstm = nn.LSTM(3, 4, batch_first=True, **kw)
+
+    def forward(self, x, h0, c0):
+        out, (h, c) = self.lstm(x, (h0, c0))
+        return out.square().sum() + (h * c).sum(), out
+
+
+LSTM_DONE = ("LSTMTraining (+ LSTMGrad) with gate-reorder chains -> LSTMTorchGatesTraining "
+             "(+ LSTMTorchGatesGrad)")
+
+
+@pytest.mark.parametrize(("kw", "fused", "dtype"), [
+    ({}, 1, torch.float64), ({"bias": False}, 1, torch.float32),
+    ({"num_layers": 2, "bidirectional": True}, 4, torch.float64)],
+    ids=["bias-f64", "no_bias-f32", "two_layers_bidirectional-f64"])
+def test_lstm_in_torch_gate_order(kw, fused, dtype, monkeypatch, tmp_path):
+    """Input, state and every parameter gradient equal the reordering graph's (the capture
+    writes a reverse direction as a forward LSTM on reversed steps: fused too)."""
+    d = 2 if kw.get("bidirectional") else 1
+    layers = kw.get("num_layers", 1)
+    x = torch.randn(2, 5, 3, requires_grad=True)
+    h0 = torch.randn(layers * d, 2, 4, requires_grad=True)
+    c0 = torch.randn(layers * d, 2, 4)
+    done = check_fused_matches_unfused(lambda: Recurrent(**kw), [x, h0, c0], dtype,
+                                       monkeypatch, tmp_path)
+    assert done.count(LSTM_DONE) == fused
+
+
+class GeluMLP(nn.Module):
+    def __init__(self, approximate: str, frozen_bias: bool):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(6, 9), nn.Linear(9, 2)
+        self.act = nn.GELU(approximate=approximate)
+        self.fc1.bias.requires_grad_(not frozen_bias)
+
+    def forward(self, x):
+        y = self.fc2(self.act(self.fc1(x)))
+        return y.square().mean(), y
+
+
+@pytest.mark.parametrize(("approximate", "frozen_bias", "dtype"), [
+    ("none", False, torch.float64), ("none", False, torch.float32),
+    ("tanh", False, torch.float64), ("none", True, torch.float64),
+    ("tanh", True, torch.float32)],
+    ids=["erf-f64", "erf-f32", "tanh-f64", "erf-frozen_bias-f64", "tanh-frozen_bias-f32"])
+def test_bias_gelu(approximate, frozen_bias, dtype, monkeypatch, tmp_path):
+    """The bias add folds into the GELU; its gradient comes out of the GELU-gradient pass
+    (or, with the bias frozen, BiasGeluGrad_dX without one)."""
+    x = torch.randn(3, 4, 6, requires_grad=True)
+    done = check_fused_matches_unfused(lambda: GeluMLP(approximate, frozen_bias), [x], dtype,
+                                       monkeypatch, tmp_path)
+    gelu, grad, fused = (("Gelu", "GeluGrad", "BiasGelu") if approximate == "none" else
+                         ("FastGelu", "FastGeluGrad", "FastGelu"))
+    assert f"Add + {gelu} -> {fused}" in done
+    assert (f"{grad} -> Bias{gelu}Grad_dX" if frozen_bias else
+            f"{grad} + ReduceSum -> BiasGeluGradWithBiasGrad") in done
+
+
+class HeadSplit(nn.Module):
+    """minGPT's q/k/v split and head reshape."""
+
+    def __init__(self, d: int = 8, heads: int = 2):
+        super().__init__()
+        self.heads, self.qkv = heads, nn.Linear(d, 3 * d)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v
+        return y.square().sum(), y
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_split_views(dtype, monkeypatch, tmp_path):
+    x = torch.randn(2, 5, 8, requires_grad=True)
+    done = check_fused_matches_unfused(HeadSplit, [x], dtype, monkeypatch, tmp_path)
+    assert "Split (read by Reshapes) -> SplitView" in done
