@@ -341,19 +341,25 @@ int ortcpu_layernorm_backward_f64(const double *dy, const double *xy, const doub
  * X is viewed as [n, c, s] (s = product of spatial dims, 1 for [N, C]).
  * forward_train: per-channel batch mean / biased variance, then
  *   y = (x - mean) * inv_std * scale + bias, inv_std = 1/sqrt(var + eps);
- *   writes mean, var (biased) and inv_std (length c). scale/bias may be NULL.
+ *   writes mean, var (biased; may be NULL) and inv_std (length c; may be NULL).
+ *   scale/bias may be NULL. run_mean / run_var (may be NULL): updated in place with
+ *   torch's rule, run = (1 - momentum) run + momentum batch, the batch variance times
+ *   var_factor (n/(n-1) for torch's unbiased running variance).
  * apply: y = x * a[c] + b[c] (inference, or any per-channel affine map).
  * backward: training = 1 uses batch statistics (mean = saved mean,
  *   inv_std = saved inverse std); training = 0 treats them as constants
  *   (dx = dy * scale * inv_std). dscale/dbias may be NULL.                   */
 int ortcpu_batchnorm_forward_train_f32(const float *x, const float *scale, const float *bias,
                                        float *y, float *mean, float *var, float *inv_std,
-                                       int64_t n, int64_t c, int64_t s, double eps,
-                                       int nthreads);
+                                       float *run_mean, float *run_var, int64_t n, int64_t c,
+                                       int64_t s, double eps, double momentum,
+                                       double var_factor, int nthreads);
 int ortcpu_batchnorm_forward_train_f64(const double *x, const double *scale,
                                        const double *bias, double *y, double *mean,
-                                       double *var, double *inv_std, int64_t n, int64_t c,
-                                       int64_t s, double eps, int nthreads);
+                                       double *var, double *inv_std, double *run_mean,
+                                       double *run_var, int64_t n, int64_t c, int64_t s,
+                                       double eps, double momentum, double var_factor,
+                                       int nthreads);
 int ortcpu_batchnorm_apply_f32(const float *x, const float *a, const float *b, float *y,
                                int64_t n, int64_t c, int64_t s, int nthreads);
 int ortcpu_batchnorm_apply_f64(const double *x, const double *a, const double *b, double *y,
