@@ -520,6 +520,16 @@ int ortcpu_maxpool2x2_backward_f32(const float *dy, const uint8_t *code, float *
                                    const int64_t *geom, int nthreads);
 int ortcpu_maxpool2x2_backward_f64(const double *dy, const uint8_t *code, double *dx,
                                    const int64_t *geom, int nthreads);
+/* 1-D / 2-D max pool with a 1-byte argmax code per window (kh * kW + kw), dilation 1, at
+ * most 256 taps, pads smaller than the kernel; backward writes all of dx. */
+int ortcpu_maxpool_code_forward_f32(const float *x, float *y, uint8_t *code,
+                                    const int64_t *geom, int nthreads);
+int ortcpu_maxpool_code_forward_f64(const double *x, double *y, uint8_t *code,
+                                    const int64_t *geom, int nthreads);
+int ortcpu_maxpool_code_backward_f32(const float *dy, const uint8_t *code, float *dx,
+                                     const int64_t *geom, int nthreads);
+int ortcpu_maxpool_code_backward_f64(const double *dy, const uint8_t *code, double *dx,
+                                     const int64_t *geom, int nthreads);
 int ortcpu_avgpool_forward_f32(const float *x, float *y, const int64_t *geom,
                                int count_include_pad, int64_t divisor, int nthreads);
 int ortcpu_avgpool_forward_f64(const double *x, double *y, const int64_t *geom,
