@@ -262,3 +262,46 @@ def test_odd_channel_counts(dtype, c):
     assert_close(y, ref.detach(), **t)
     for ours, r in ((xs, params[0]), (ws, params[1]), (bs, params[2])):
         assert_close(ours.grad, r.grad, **t)
+
+
+@pytest.mark.parametrize("nthreads", [1, 2, 3])
+@pytest.mark.parametrize("shape", [(300, 3, 4, 4), (8, 32, 4, 4), (64, 16, 8, 8), (5, 7, 3, 3),
+                                   (512, 64, 4, 4), (3, 9, 37), (64, 8, 32, 32)])
+def test_channel_wise_path_and_running_update(nthreads, shape):
+    """The per-channel kernel path (planes of < 32 elements summed lane-wise, flushed in
+    blocks; larger planes block-summed; channels split over threads) and the in-kernel
+    running-statistics update, against torch in float64; (64, 8, 32, 32) is over the
+    per-channel path's size limit (the plane-wise path)."""
+    ot.set_num_threads(nthreads)
+    try:
+        c = shape[1]
+        x = (torch.randn(shape) * 2 + 3).requires_grad_()
+        w = (torch.rand(c) + 0.5).requires_grad_()
+        b = torch.randn(c, requires_grad=True)
+        rm, rv = torch.randn(c), torch.rand(c) + 0.5
+        rm64, rv64 = rm.double(), rv.double()
+        dy = torch.randn(shape)
+        y = ot.ops.batch_norm(x, rm, rv, w, b, True, 0.1)
+        g = torch.autograd.grad(y, (x, w, b), dy)
+        p64 = [t.detach().double().requires_grad_() for t in (x, w, b)]
+        yr = F.batch_norm(p64[0], rm64, rv64, p64[1], p64[2], True, 0.1)
+        gr = torch.autograd.grad(yr, p64, dy.double())
+        assert_close(y.double(), yr, **T32)
+        for a, r in zip(g, gr, strict=True):
+            assert_close(a.double(), r, rtol=1e-4, atol=1e-4)
+        assert_close(rm.double(), rm64, rtol=1e-6, atol=1e-6)
+        assert_close(rv.double(), rv64, rtol=1e-6, atol=1e-6)
+    finally:
+        ot.set_num_threads(None)
+
+
+def test_running_stats_of_another_dtype_update_in_python():
+    """float64 running buffers with a float32 input: not the kernel's in-place update (it
+    writes x's dtype), the Python one; same values as torch."""
+    x = torch.randn(6, 4, 3, 3)
+    rm, rv = torch.zeros(4, dtype=torch.float64), torch.ones(4, dtype=torch.float64)
+    ot.ops.batch_norm(x, rm, rv, training=True, momentum=0.3)
+    rm_ref, rv_ref = torch.zeros(4, dtype=torch.float64), torch.ones(4, dtype=torch.float64)
+    F.batch_norm(x.double(), rm_ref, rv_ref, training=True, momentum=0.3)
+    assert_close(rm, rm_ref, rtol=1e-6, atol=1e-6)
+    assert_close(rv, rv_ref, rtol=1e-6, atol=1e-6)

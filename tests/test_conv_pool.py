@@ -542,3 +542,43 @@ def test_conv_threaded_paths(n):
     _close(dx, xr.grad, torch.float64)
     _close(dw, wr.grad, torch.float64)
     _close(db, br.grad, torch.float64)
+
+
+@pytest.mark.parametrize("dtype", DT)
+@pytest.mark.parametrize("case", [c for c in POOL_CASES if c[0] < 3] + [
+    (2, (32, 32), 3, 2, 1, 1, False),     # resnet's stem pool
+    (2, (31, 40), 3, 2, 0, 1, True),
+    (2, (17, 23), 3, 1, 1, 1, False),
+    (2, (16, 21), 2, 2, 1, 1, True),
+    (2, (7, 9), (2, 5), (3, 2), (1, 2), 1, True),
+    (2, (20, 18), 16, 1, 0, 1, False),    # 256 taps: the largest window with a code
+    (2, (20, 18), (17, 16), 1, 0, 1, False),  # 272 taps: the Indices path
+    (1, (3,), 5, 1, 2, 1, False),
+])
+@pytest.mark.parametrize("values", ["normal", "ties", "special"])
+def test_max_pool_code_path_vs_torch(case, dtype, values):
+    """Training max pools without return_indices keep a 1-byte argmax code per window
+    (1-D/2-D, dilation 1, up to 256 taps): Y, and dX from the code, as torch's (first
+    maximum in raster order on ties, NaN wins, -inf inputs, windows over the padding)."""
+    r, sp, k, s, p, d, cm = case
+    x = torch.randn(2, 3, *sp, dtype=dtype)
+    if values == "ties":
+        x = x.round().clamp(-1, 1)
+    elif values == "special":
+        flat = x.view(-1)
+        flat[::7] = float("-inf")
+        flat[::11] = float("nan")
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya, yb = OMAX[r](xa, k, s, p, d, cm), MAXF[r](xb, k, s, p, d, cm)
+    torch.testing.assert_close(ya, yb, rtol=0, atol=0, equal_nan=True)
+    g = torch.randn_like(yb)
+    ya.backward(g)
+    yb.backward(g)
+    _close(xa.grad, xb.grad, dtype)
+
+
+def test_max_pool_code_path_gradcheck():
+    x = torch.randn(2, 2, 7, 6, dtype=torch.float64, requires_grad=True)
+    for fn in (lambda t: ops.max_pool2d(t, 3, 2, 1), lambda t: ops.max_pool2d(t, (2, 3), 1),
+               lambda t: ops.max_pool1d(t.flatten(2), 4, 3, 2, ceil_mode=True)):
+        assert torch.autograd.gradcheck(fn, (x,))

@@ -361,19 +361,25 @@ int ortcpu_layernorm_backward_f64(const double *dy, const double *xy, const doub
  * X is viewed as [n, c, s] (s = product of spatial dims, 1 for [N, C]).
  * forward_train: per-channel batch mean / biased variance, then
  *   y = (x - mean) * inv_std * scale + bias, inv_std = 1/sqrt(var + eps);
- *   writes mean, var (biased) and inv_std (length c). scale/bias may be NULL.
+ *   writes mean, var (biased; may be NULL) and inv_std (length c; may be NULL).
+ *   scale/bias may be NULL. run_mean / run_var (may be NULL): updated in place with
+ *   torch's rule, run = (1 - momentum) run + momentum batch, the batch variance times
+ *   var_factor (n/(n-1) for torch's unbiased running variance).
  * apply: y = x * a[c] + b[c] (inference, or any per-channel affine map).
  * backward: training = 1 uses batch statistics (mean = saved mean,
  *   inv_std = saved inverse std); training = 0 treats them as constants
  *   (dx = dy * scale * inv_std). dscale/dbias may be NULL.                   */
 int ortcpu_batchnorm_forward_train_f32(const float *x, const float *scale, const float *bias,
                                        float *y, float *mean, float *var, float *inv_std,
-                                       int64_t n, int64_t c, int64_t s, double eps,
-                                       int nthreads);
+                                       float *run_mean, float *run_var, int64_t n, int64_t c,
+                                       int64_t s, double eps, double momentum,
+                                       double var_factor, int nthreads);
 int ortcpu_batchnorm_forward_train_f64(const double *x, const double *scale,
                                        const double *bias, double *y, double *mean,
-                                       double *var, double *inv_std, int64_t n, int64_t c,
-                                       int64_t s, double eps, int nthreads);
+                                       double *var, double *inv_std, double *run_mean,
+                                       double *run_var, int64_t n, int64_t c, int64_t s,
+                                       double eps, double momentum, double var_factor,
+                                       int nthreads);
 int ortcpu_batchnorm_apply_f32(const float *x, const float *a, const float *b, float *y,
                                int64_t n, int64_t c, int64_t s, int nthreads);
 int ortcpu_batchnorm_apply_f64(const double *x, const double *a, const double *b, double *y,
@@ -534,6 +540,16 @@ int ortcpu_maxpool2x2_backward_f32(const float *dy, const uint8_t *code, float *
                                    const int64_t *geom, int nthreads);
 int ortcpu_maxpool2x2_backward_f64(const double *dy, const uint8_t *code, double *dx,
                                    const int64_t *geom, int nthreads);
+/* 1-D / 2-D max pool with a 1-byte argmax code per window (kh * kW + kw), dilation 1, at
+ * most 256 taps, pads smaller than the kernel; backward writes all of dx. */
+int ortcpu_maxpool_code_forward_f32(const float *x, float *y, uint8_t *code,
+                                    const int64_t *geom, int nthreads);
+int ortcpu_maxpool_code_forward_f64(const double *x, double *y, uint8_t *code,
+                                    const int64_t *geom, int nthreads);
+int ortcpu_maxpool_code_backward_f32(const float *dy, const uint8_t *code, float *dx,
+                                     const int64_t *geom, int nthreads);
+int ortcpu_maxpool_code_backward_f64(const double *dy, const uint8_t *code, double *dx,
+                                     const int64_t *geom, int nthreads);
 int ortcpu_avgpool_forward_f32(const float *x, float *y, const int64_t *geom,
                                int count_include_pad, int64_t divisor, int nthreads);
 int ortcpu_avgpool_forward_f64(const double *x, double *y, const int64_t *geom,

@@ -59,6 +59,18 @@ static inline void pool_taps(int64_t start, int64_t dil, int64_t k, int64_t n, i
     if (*k1 < *k0) *k1 = *k0;
 }
 
+/* the geometry of the 1-byte-code max pool (pool.inc): 1-D or 2-D, dilation 1, at most
+ * 256 taps, pads smaller than the kernel (every window then holds an input element) */
+static int pool_is_code(const pool_geom *q)
+{
+    return q->in[0] == 1 && q->k[0] == 1 && q->s[0] == 1 && q->pb[0] == 0 &&
+           q->out[0] == 1 && q->d[1] == 1 && q->d[2] == 1 && q->k[1] * q->k[2] <= 256 &&
+           q->pb[1] < q->k[1] && q->pb[2] < q->k[2] && q->pe[1] < q->k[1] &&
+           q->pe[2] < q->k[2] && q->out[1] >= 1 && q->out[2] >= 1 &&
+           (q->out[1] - 1) * q->s[1] - q->pb[1] < q->in[1] &&
+           (q->out[2] - 1) * q->s[2] - q->pb[2] < q->in[2];
+}
+
 static int pool_is_2x2(const pool_geom *q)
 {
     return q->k[0] == 1 && q->s[0] == 1 && q->pb[0] == 0 && q->k[1] == 2 && q->k[2] == 2 &&

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from .._native import empty_like, native_fn, ptr
+from .._native import empty_like, ffi, native_fn, ptr
 from ._checks import (
     check_status,
     float_attr,
@@ -67,11 +67,30 @@ def bn_train_core(op: str, x: torch.Tensor, scale, bias, eps: float):
     var = torch.empty(c, dtype=x.dtype)
     inv = torch.empty(c, dtype=x.dtype)
     st = native_fn("batchnorm_forward_train", x.dtype)(
-        ptr(x), ptr(scale), ptr(bias), ptr(y), ptr(mean), ptr(var), ptr(inv), n, c, s, eps,
-        get_num_threads(),
+        ptr(x), ptr(scale), ptr(bias), ptr(y), ptr(mean), ptr(var), ptr(inv), ffi.NULL,
+        ffi.NULL, n, c, s, eps, 0.0, 1.0, get_num_threads(),
     )
     check_status(st, op)
     return y, mean, var, inv
+
+
+def bn_train_running(op: str, x: torch.Tensor, scale, bias, eps: float, running_mean,
+                     running_var, momentum: float, var_factor: float):
+    """(y, stats): bn_train_core for torch's ``F.batch_norm`` in training, with the running
+    statistics updated in place by the kernel, ``running = (1 - momentum)·running +
+    momentum·batch`` (the batch variance times ``var_factor``). ``running_mean`` /
+    ``running_var``: None or contiguous [C] of x's dtype. ``stats`` [2, C] holds the
+    batch mean and inverse std (``bn_backward_stats`` takes it)."""
+    n, c, s = ncs(op, x)
+    y = empty_like(x)
+    stats = torch.empty(2, c, dtype=x.dtype)
+    p = ptr(stats)
+    st = native_fn("batchnorm_forward_train", x.dtype)(
+        ptr(x), ptr(scale), ptr(bias), ptr(y), p, ffi.NULL, p + c, ptr(running_mean),
+        ptr(running_var), n, c, s, eps, momentum, var_factor, get_num_threads(),
+    )
+    check_status(st, op)
+    return y, stats
 
 
 def bn_apply(op: str, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -135,6 +154,22 @@ def bn_backward_core(op: str, dy: torch.Tensor, x: torch.Tensor, scale, mean: to
     st = native_fn("batchnorm_backward", x.dtype)(
         ptr(dy), ptr(x), ptr(scale), ptr(mean), ptr(inv_std), ptr(dx), ptr(dscale),
         ptr(dbias), n, c, s, int(bool(training)), get_num_threads(),
+    )
+    check_status(st, op)
+    return dx, dscale, dbias
+
+
+def bn_backward_stats(op: str, dy: torch.Tensor, x: torch.Tensor, scale, stats: torch.Tensor,
+                      need_dscale: bool, need_dbias: bool):
+    """bn_backward_core (training) with the [2, C] statistics of ``bn_train_running``."""
+    n, c, s = ncs(op, x)
+    dx = empty_like(x)
+    dscale = torch.empty(c, dtype=x.dtype) if need_dscale else None
+    dbias = torch.empty(c, dtype=x.dtype) if need_dbias else None
+    p = ptr(stats)
+    st = native_fn("batchnorm_backward", x.dtype)(
+        ptr(dy), ptr(x), ptr(scale), p, p + c, ptr(dx), ptr(dscale), ptr(dbias), n, c, s, 1,
+        get_num_threads(),
     )
     check_status(st, op)
     return dx, dscale, dbias

@@ -287,3 +287,39 @@ def maxpool2x2_backward(op, dY, code, x_shape, geom):
         ptr(dY), ffi.cast("uint8_t *", code.data_ptr()), ptr(dX), geom, get_num_threads())
     check_status(st, op)
     return dX
+
+
+def is_code(geom) -> bool:
+    """The geometry of the 1-byte-code max pool (native ``pool_is_code``): 1-D or 2-D,
+    dilation 1, at most 256 taps, pads smaller than the kernel, every window starting
+    inside the padded input."""
+    ins, k, out, s = geom[1:4], geom[4:7], geom[7:10], geom[10:13]
+    pb, pe, d = geom[13:16], geom[16:19], geom[19:22]
+    return (ins[0] == 1 and k[0] == 1 and s[0] == 1 and pb[0] == 0 and out[0] == 1
+            and d[1] == 1 and d[2] == 1 and k[1] * k[2] <= 256 and pb[1] < k[1]
+            and pb[2] < k[2] and pe[1] < k[1] and pe[2] < k[2] and out[1] >= 1
+            and out[2] >= 1 and (out[1] - 1) * s[1] - pb[1] < ins[1]
+            and (out[2] - 1) * s[2] - pb[2] < ins[2])
+
+
+def maxpool_code_forward(op, X, geom, out):
+    """(Y, code): max pool keeping a 1-byte argmax code (``kh * kW + kw``) per window;
+    geometry ``is_code``. 2x2 stride-2 windows: ``maxpool2x2_forward`` is faster."""
+    from .._native import ffi
+
+    Y = empty((X.shape[0], X.shape[1], *out), X.dtype)
+    code = torch.empty(Y.shape, dtype=torch.uint8)
+    st = native_fn("maxpool_code_forward", X.dtype)(
+        ptr(X), ptr(Y), ffi.cast("uint8_t *", code.data_ptr()), geom, get_num_threads())
+    check_status(st, op)
+    return Y, code
+
+
+def maxpool_code_backward(op, dY, code, x_shape, geom):
+    from .._native import ffi
+
+    dX = empty(tuple(x_shape), dY.dtype)
+    st = native_fn("maxpool_code_backward", dY.dtype)(
+        ptr(dY), ffi.cast("uint8_t *", code.data_ptr()), ptr(dX), geom, get_num_threads())
+    check_status(st, op)
+    return dX

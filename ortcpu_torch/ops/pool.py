@@ -17,11 +17,13 @@ class _MaxPool(torch.autograd.Function):
         x = K.float_input(op, "input", x)
         need_idx = bool(ctx.needs_input_grad[0] or want_indices)
         ctx.x_shape, ctx.op, ctx.geom = tuple(x.shape), op, None
-        if need_idx and not want_indices and x.dim() == 4:
-            geom, out = K.pool_geometry(op, x.shape, 2, **attrs)
-            if K.is_2x2(geom):
-                # fast path: 1-byte argmax codes instead of int64 Indices
-                y, code = K.maxpool2x2_forward(op, x, geom, out)
+        if need_idx and not want_indices and x.dim() in (3, 4):
+            geom, out = K.pool_geometry(op, x.shape, x.dim() - 2, **attrs)
+            ctx.two = K.is_2x2(geom)
+            if ctx.two or K.is_code(geom):
+                # fast paths: 1-byte argmax codes instead of int64 Indices
+                fwd = K.maxpool2x2_forward if ctx.two else K.maxpool_code_forward
+                y, code = fwd(op, x, geom, out)
                 ctx.geom = geom
                 ctx.save_for_backward(code)
                 idx = torch.empty(0, dtype=torch.int64)
@@ -39,7 +41,8 @@ class _MaxPool(torch.autograd.Function):
     def backward(ctx, dy, _didx):
         (idx,) = ctx.saved_tensors
         if ctx.geom is not None:
-            dx = K.maxpool2x2_backward(ctx.op, dy.contiguous(), idx, ctx.x_shape, ctx.geom)
+            bwd = K.maxpool2x2_backward if ctx.two else K.maxpool_code_backward
+            dx = bwd(ctx.op, dy.contiguous(), idx, ctx.x_shape, ctx.geom)
         else:
             dx = K.maxpool_backward(ctx.op, dy.contiguous(), idx, ctx.x_shape)
         return dx, None, None, None
