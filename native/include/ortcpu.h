@@ -574,5 +574,20 @@ int ortcpu_bmm_f32(int trans_a, int trans_b, const float *a, const float *b, flo
                    int64_t batch, int64_t m, int64_t n, int64_t k, int nthreads);
 int ortcpu_bmm_f64(int trans_a, int trans_b, const double *a, const double *b, double *c,
                    int64_t batch, int64_t m, int64_t n, int64_t k, int nthreads);
+/* bmm_strided: for the batch entries (i0 < batch0, i1 < batch1), C_i (m x n, row stride
+ * ldc) = alpha * op(A_i) . op(B_i), each operand a strided matrix (row stride lda / ldb;
+ * stored k x m / n x k when transposed) at i0*s[0] + i1*s[1] elements from its base, s
+ * being sa / sb / sc (2 each): the batched MatMul reads transposed, sliced or head-split
+ * operands in place. Input batch strides may be 0 (one matrix for every entry). */
+int ortcpu_bmm_strided_f32(int trans_a, int trans_b, int64_t batch0, int64_t batch1,
+                           int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                           int64_t lda, const int64_t *sa, const float *b, int64_t ldb,
+                           const int64_t *sb, float *c, int64_t ldc, const int64_t *sc,
+                           int nthreads);
+int ortcpu_bmm_strided_f64(int trans_a, int trans_b, int64_t batch0, int64_t batch1,
+                           int64_t m, int64_t n, int64_t k, double alpha, const double *a,
+                           int64_t lda, const int64_t *sa, const double *b, int64_t ldb,
+                           const int64_t *sb, double *c, int64_t ldc, const int64_t *sc,
+                           int nthreads);
 
 #endif

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from .. import kernels
 from ..kernels.activations import softmax_forward
-from ..kernels.gemm import bmm, gemm
+from ..kernels.gemm import bmm_strided, gemm
 from ..kernels.tensor import slice_plan
 from . import ops_training  # noqa: F401  (its bindings take precedence over the generic ones)
 from .op_table import MS_DOMAIN, ONNX_DOMAIN, lookup, op
@@ -176,6 +176,8 @@ def _matmul(ctx):
     if dt not in FLOATS or ctx.dtype(1) != dt:
         return _float_or(mm, _int_matmul, ctx)
 
+    alpha = float(ctx.attr("ortcpu_alpha", 1.0))  # a scalar Mul/Div fused in (fusions.py)
+
     def matmul(a, b):
         # the registry kernel validated nothing beyond what these cases check themselves:
         # 2-D B (weights): one [(...·M), K] GEMM; equal 3-D/4-D batches: one batched GEMM,
@@ -185,29 +187,14 @@ def _matmul(ctx):
                 a = a.contiguous()
             tb = not b.is_contiguous() and b.t().is_contiguous()
             y = gemm(a.reshape(-1, a.shape[-1]), b.t() if tb else b.contiguous(),
-                     trans_b=tb, op="MatMul")
+                     trans_b=tb, alpha=alpha, op="MatMul")
             return y.reshape(*a.shape[:-1], b.shape[1])
         if a.dim() == b.dim() >= 3 and a.shape[:-2] == b.shape[:-2] and \
                 a.shape[-1] == b.shape[-2] and a.numel() and b.numel():
-            ta, a3 = _as_batched(a)
-            tb, b3 = _as_batched(b)
-            if a3 is not None and b3 is not None:
-                y = bmm("MatMul", a3, b3, trans_a=ta, trans_b=tb)
-                return y.reshape(*a.shape[:-1], b.shape[-1])
-        return mm(a, b)
+            return bmm_strided("MatMul", a, b, alpha)
+        y = mm(a, b)
+        return y if alpha == 1.0 else y.mul_(alpha)
     return matmul
-
-
-def _as_batched(x):
-    """(transposed, [batch, rows, cols] contiguous tensor) that reads ``x`` [..., r, c]
-    without a copy: x itself, or the contiguous tensor x is a last-two-dims transpose of;
-    (False, None) when neither."""
-    if x.is_contiguous():
-        return False, x.reshape(-1, x.shape[-2], x.shape[-1])
-    xt = x.transpose(-1, -2)
-    if xt.is_contiguous():
-        return True, xt.reshape(-1, xt.shape[-2], xt.shape[-1])
-    return False, x.contiguous().reshape(-1, x.shape[-2], x.shape[-1])
 
 
 def _int_matmul(a, b):

@@ -157,3 +157,65 @@ def bmm(op: str, a: torch.Tensor, b: torch.Tensor, trans_a: bool = False,
                                    a.shape[0], m, n, k, get_num_threads())
     check_status(st, op)
     return y
+
+
+
+def strided_layout(x: torch.Tensor):
+    """How BLAS can read the matrices of ``x`` ``[..., r, c]`` in place: (transposed, row
+    stride), or None when it cannot (a copy is needed)."""
+    r, c = x.shape[-2], x.shape[-1]
+    sr, sc = x.stride(-2), x.stride(-1)
+    if (sc == 1 or c == 1) and (r == 1 or sr >= c):
+        return False, sr if r > 1 else c
+    if (sr == 1 or r == 1) and (c == 1 or sc >= r):
+        return True, sc if c > 1 else r
+    return None
+
+
+def batch_strides(shape, *tensors):
+    """The batch dims ``shape`` (shared by ``tensors``) as at most two (size, [stride of
+    each tensor]) levels: size-1 dims dropped, neighbours merged where every tensor's
+    strides allow; None when more than two levels remain."""
+    dims = [(s, [t.stride(i) for t in tensors]) for i, s in enumerate(shape) if s != 1]
+    merged: list = []
+    for size, st in dims:
+        if merged:
+            osize, ost = merged[-1]
+            if all(o == s * size for o, s in zip(ost, st, strict=True)):
+                merged[-1] = (osize * size, st)
+                continue
+        merged.append((size, st))
+    if len(merged) > 2:
+        return None
+    while len(merged) < 2:
+        merged.insert(0, (1, [0] * len(tensors)))
+    return merged
+
+
+def bmm_strided(op: str, a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0):
+    """``[..., m, n]`` = alpha·a·b for float ``a`` ``[..., m, k]`` and ``b`` ``[..., k, n]``
+    of one dtype with equal batch dims (checked by the caller), each read in place where
+    BLAS can (transposed, sliced or head-split views, as attention's Q/K/V are) and copied
+    where it cannot. Not a registry op: the graph executor's batched MatMul."""
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    y = empty((*a.shape[:-1], n), a.dtype)
+    if y.numel() == 0:
+        return y
+    la, lb = strided_layout(a), strided_layout(b)
+    if la is None:
+        a = a.contiguous()
+        la = strided_layout(a)
+    if lb is None:
+        b = b.contiguous()
+        lb = strided_layout(b)
+    levels = batch_strides(a.shape[:-2], a, b, y)
+    if levels is None:
+        a, b = a.contiguous(), b.contiguous()
+        levels = batch_strides(a.shape[:-2], a, b, y)
+    (b0, s0), (b1, s1) = levels
+    strides = ffi.new("int64_t[6]", [s0[0], s1[0], s0[1], s1[1], s0[2], s1[2]])
+    st = native_fn("bmm_strided", a.dtype)(
+        int(la[0]), int(lb[0]), b0, b1, m, n, k, float(alpha), ptr(a), la[1], strides,
+        ptr(b), lb[1], strides + 2, ptr(y), n, strides + 4, get_num_threads())
+    check_status(st, op)
+    return y
