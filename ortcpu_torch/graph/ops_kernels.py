@@ -172,11 +172,12 @@ kernel_op("LogSoftmax")(_softmax(True))
 @kernel_op("MatMul")
 def _matmul(ctx):
     mm = kernels.get("MatMul")
+    scale = ctx.attr("ortcpu_alpha")  # a scalar Mul/Div fused in (fusions.py)
+    alpha = 1.0 if scale is None else float(scale)
     dt = ctx.dtype(0)
     if dt not in FLOATS or ctx.dtype(1) != dt:
-        return _float_or(mm, _int_matmul, ctx)
-
-    alpha = float(ctx.attr("ortcpu_alpha", 1.0))  # a scalar Mul/Div fused in (fusions.py)
+        f = _float_or(mm, _int_matmul, ctx)
+        return f if alpha == 1.0 else lambda a, b: f(a, b) * alpha
 
     def matmul(a, b):
         # the registry kernel validated nothing beyond what these cases check themselves:
