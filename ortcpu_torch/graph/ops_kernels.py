@@ -16,8 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from .. import kernels
+from .._native import check_status, empty_like, ffi, get_num_threads, native_fn, ptr
 from ..kernels.activations import softmax_forward
 from ..kernels.gemm import bmm_strided, gemm
+from ..kernels.norm import rows_cols
 from ..kernels.tensor import slice_plan
 from . import ops_training  # noqa: F401  (its bindings take precedence over the generic ones)
 from .op_table import MS_DOMAIN, ONNX_DOMAIN, lookup, op
@@ -305,7 +307,42 @@ def _batchnorm(ctx):
     return lambda *a: (f(*a),) + (None,) * (len(ctx.node.output) - 1)
 
 
-kernel_op("LayerNormalization")(lambda ctx: bind_kernel("LayerNormalization", ctx))
+@kernel_op("LayerNormalization")
+def _layer_norm(ctx):
+    """The registry kernel; when only Y is used, the data float32/float64 and Scale (and B)
+    constants of its dtype, the native forward called directly on contiguous X with the
+    constants' pointers taken once (the registry's checks and its Mean/InvStdDev outputs
+    cost about as much as the kernel at transformer sizes)."""
+    generic = bind_kernel("LayerNormalization", ctx)
+    dt = ctx.dtype(0)
+    shape = ctx.input_shapes[0] if ctx.input_shapes else None
+    params = [ctx.const(i) if ctx.has_input(i) else None for i in (1, 2)]
+    if dt not in FLOATS or any(ctx.outputs_used[1:]) or shape is None or \
+            not all(isinstance(d, int) for d in shape) or not shape or params[0] is None or \
+            (ctx.has_input(2) and params[1] is None):
+        return generic
+    try:
+        _, rows, cols = rows_cols("LayerNormalization", torch.empty(shape, device="meta"),
+                                  ctx.attr("axis", -1))
+    except ValueError:
+        return generic  # the kernel reports it at run time
+    eps = float(ctx.attr("epsilon", 1e-5))
+    scale, bias = (None if p is None else p.contiguous() for p in params)
+    if not eps >= 0 or any(p is not None and (p.dtype != dt or p.numel() != cols)
+                           for p in (scale, bias)):
+        return generic
+    fwd = native_fn("layernorm_forward", dt)
+    pscale, pbias, shape = ptr(scale), ptr(bias), torch.Size(shape)
+
+    def layer_norm(x, *_params):
+        if x.dtype != dt or x.shape != shape or not x.is_contiguous():
+            return generic(x, *_params)
+        y = empty_like(x)
+        check_status(fwd(ptr(x), pscale, pbias, ptr(y), ffi.NULL, ffi.NULL, rows, cols, eps,
+                         0, get_num_threads()), "LayerNormalization")
+        return y
+    layer_norm.keep = (scale, bias)  # the pointers' storage
+    return layer_norm
 
 
 @kernel_op("RMSNormalization", since=23)
