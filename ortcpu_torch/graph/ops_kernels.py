@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from .. import kernels
 from .._native import check_status, empty_like, ffi, get_num_threads, native_fn, ptr
 from ..kernels.activations import softmax_forward
-from ..kernels.gemm import bmm_strided, gemm
+from ..kernels.gemm import P16_MAX_ROWS, PackedWeight, bmm_strided, gemm
 from ..kernels.norm import rows_cols
 from ..kernels.tensor import slice_plan
 from . import ops_training  # noqa: F401  (its bindings take precedence over the generic ones)
@@ -181,10 +181,16 @@ def _matmul(ctx):
         f = _float_or(mm, _int_matmul, ctx)
         return f if alpha == 1.0 else lambda a, b: f(a, b) * alpha
 
+    packed = _small_batch_weight(ctx, trans_b=False) if alpha == 1.0 else None
+
     def matmul(a, b):
         # the registry kernel validated nothing beyond what these cases check themselves:
-        # 2-D B (weights): one [(...·M), K] GEMM; equal 3-D/4-D batches: one batched GEMM,
-        # a transposed operand read in place (BLAS transpose flag, no copy)
+        # 2-D B (weights): one [(...·M), K] GEMM (a few rows: on the pre-packed weight);
+        # equal 3-D/4-D batches: one batched GEMM reading strided operands in place
+        if packed is not None and b is packed.source and a.dim() >= 2 and \
+                a.shape[-1] == packed.k and a.numel() <= P16_MAX_ROWS * packed.k:
+            y = packed.matmul(a.reshape(-1, packed.k).contiguous())
+            return y.reshape(*a.shape[:-1], packed.n)
         if b.dim() == 2 and a.dim() >= 2 and a.shape[-1] == b.shape[0]:
             if not a.is_contiguous():
                 a = a.contiguous()
@@ -198,6 +204,22 @@ def _matmul(ctx):
         y = mm(a, b)
         return y if alpha == 1.0 else y.mul_(alpha)
     return matmul
+
+
+def _small_batch_weight(ctx, trans_b):
+    """Input 1 packed for ``gemm_p16`` when it is a 2-D float32 constant and input 0's
+    static shape has at most P16_MAX_ROWS rows (packing costs a copy of the weight, so
+    only plans that use it pack); else None."""
+    shape = ctx.input_shapes[0] if ctx.input_shapes else None
+    if ctx.dtype(0) != torch.float32 or shape is None or len(shape) < 2 or \
+            not all(isinstance(d, int) for d in shape):
+        return None
+    rows = 1
+    for d in shape[:-1]:
+        rows *= d
+    if not 1 <= rows <= P16_MAX_ROWS:
+        return None
+    return PackedWeight.pack(ctx.const(1), trans_b)
 
 
 def _int_matmul(a, b):
@@ -220,7 +242,15 @@ def _gemm(ctx):
     if dt in FLOATS and ctx.dtype(1) == dt and (not ctx.has_input(2) or ctx.dtype(2) == dt):
         # dtypes known at plan time: the GEMM core directly (the registry's argument checks
         # cost more than a small GEMM); 2-D operands with matching inner dims checked here
+        packed = _small_batch_weight(ctx, tb) if not ta and alpha == 1.0 else None
+        bias = _gemm_bias(ctx, packed.n, beta) if packed is not None else None
+
         def gemm_known(a, b, c=None):
+            if packed is not None and b is packed.source and (c is None or bias is not None
+                                                              and c is bias[0]) and \
+                    a.dim() == 2 and a.shape[1] == packed.k and a.shape[0] <= P16_MAX_ROWS:
+                return packed.matmul(a if a.is_contiguous() else a.contiguous(),
+                                     None if c is None else bias[1], op="Gemm")
             if a.dim() != 2 or b.dim() != 2 or a.shape[0 if ta else 1] != b.shape[1 if tb else 0]:
                 return g(a, b, c)  # the registry kernel's error
             return gemm(a if a.is_contiguous() else a.contiguous(),
@@ -228,6 +258,16 @@ def _gemm(ctx):
                         trans_b=tb, alpha=alpha, beta=beta)
         return gemm_known
     return lambda a, b, c=None: g(a, b, c) if a.dtype in FLOATS else torch_gemm(a, b, c)
+
+
+def _gemm_bias(ctx, n, beta):
+    """(C as given, C as a contiguous [n] row) when Gemm's C is a float32 constant of n
+    elements along the output's last dim ([n] or [1, n]) and beta is 1; else None."""
+    c = ctx.const(2) if ctx.has_input(2) else None
+    if c is None or beta != 1.0 or c.dtype != torch.float32 or c.numel() != n or \
+            c.dim() not in (1, 2) or c.shape[-1] != n:
+        return None
+    return c, c.reshape(-1).contiguous()
 
 
 @kernel_op("FusedMatMul", domain=MS_DOMAIN)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .._native import empty, ffi, native_fn, ptr
+from .._native import empty, ffi, lib, native_fn, ptr
 from ._checks import (
     check_status,
     float_attr,
@@ -219,3 +219,43 @@ def bmm_strided(op: str, a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0):
         ptr(b), lb[1], strides + 2, ptr(y), n, strides + 4, get_num_threads())
     check_status(st, op)
     return y
+
+
+#: rows of A up to which the pre-packed float32 GEMM runs (measured faster than OpenBLAS,
+#: which repacks B every call, up to ~16 rows; at 32 they tie) -- the graph executor's
+#: small-batch weight GEMMs
+P16_MAX_ROWS = 16
+
+
+class PackedWeight:
+    """A constant float32 right-hand operand ``op(B)`` ``[k, n]`` packed once for
+    ``gemm_p16`` (native/src/gemm_p16.c); ``pack`` returns None where that GEMM is not
+    built (below x86-64-v3) or ``b`` is not a 2-D float32 tensor."""
+
+    __slots__ = ("n", "k", "data", "source")
+
+    def __init__(self, b: torch.Tensor, trans_b: bool):
+        self.source = b
+        self.k, self.n = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
+        b = b.contiguous()
+        self.data = torch.empty(lib.ortcpu_gemm_p16_packed_size(self.n, self.k))
+        check_status(lib.ortcpu_gemm_p16_pack(int(trans_b), self.n, self.k, ptr(b),
+                                              b.shape[1], ptr(self.data)), "gemm_p16_pack")
+
+    @classmethod
+    def pack(cls, b, trans_b: bool = False):
+        if not isinstance(b, torch.Tensor) or b.dtype != torch.float32 or b.dim() != 2 or \
+                not b.numel() or not lib.ortcpu_gemm_p16_available():
+            return None
+        return cls(b, trans_b)
+
+    def matmul(self, a: torch.Tensor, bias: torch.Tensor | None = None,
+               op: str = "MatMul") -> torch.Tensor:
+        """``a`` (contiguous float32 ``[m, k]``) · op(B) (+ ``bias`` ``[n]``, contiguous
+        float32)."""
+        m = a.shape[0]
+        y = empty((m, self.n), torch.float32)
+        st = lib.ortcpu_gemm_p16(m, self.n, self.k, ptr(a), self.k, ptr(self.data), ptr(bias),
+                                 ptr(y), self.n, get_num_threads())
+        check_status(st, op)
+        return y
