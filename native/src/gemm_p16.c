@@ -76,6 +76,10 @@ p16_row(const float *restrict a, const float *restrict p, int64_t k,
     int64_t kk = 0;
     for (; kk + 4 <= k; kk += 4) {
         const float *q = p + kk * P16;
+        _mm_prefetch((const char *)(q + 24 * P16), _MM_HINT_T0);
+        _mm_prefetch((const char *)(q + 25 * P16), _MM_HINT_T0);
+        _mm_prefetch((const char *)(q + 26 * P16), _MM_HINT_T0);
+        _mm_prefetch((const char *)(q + 27 * P16), _MM_HINT_T0);
         __m256 a0 = _mm256_broadcast_ss(a + kk), a1 = _mm256_broadcast_ss(a + kk + 1);
         __m256 a2 = _mm256_broadcast_ss(a + kk + 2), a3 = _mm256_broadcast_ss(a + kk + 3);
         s0 = _mm256_fmadd_ps(a0, _mm256_loadu_ps(q), s0);
@@ -104,6 +108,9 @@ p16_tile(int R, const float *restrict a, int64_t lda, const float *restrict p, i
            c30 = c00, c31 = c00;
     const float *a0 = a, *a1 = a + lda, *a2 = a + 2 * lda, *a3 = a + 3 * lda;
     for (int64_t kk = 0; kk < k; kk++) {
+        /* one panel row is one cache line: fetch 24 rows ahead (the weight streams from
+         * memory at batch sizes this GEMM serves) */
+        _mm_prefetch((const char *)(p + (kk + 24) * P16), _MM_HINT_T0);
         __m256 b0 = _mm256_loadu_ps(p + kk * P16), b1 = _mm256_loadu_ps(p + kk * P16 + 8);
         __m256 av = _mm256_broadcast_ss(a0 + kk);
         c00 = _mm256_fmadd_ps(av, b0, c00);
