@@ -399,16 +399,19 @@ kernel_op("SimplifiedLayerNormalization")(
 @kernel_op("Dropout", pure=False)
 def _dropout(ctx):
     n = len(ctx.node.output)
+    mask_used = n > 1 and ctx.outputs_used[1]
     if ctx.opset < 12:  # inference only before opset 12
-        return _dropout_identity(n)
+        return _dropout_identity(n, mask_used)
     if not ctx.has_input(2) or (ctx.const(2) is not None and not bool(ctx.const(2).item())):
-        return _dropout_identity(n)
+        return _dropout_identity(n, mask_used)
     return bind_kernel("Dropout", ctx)
 
 
-def _dropout_identity(n):
+def _dropout_identity(n, mask_used):
     if n == 1:
         return lambda x, *rest: x
+    if not mask_used:  # (squeezenet's: an all-true mask nobody reads cost ~50 µs a run)
+        return lambda x, *rest: (x, None)
     return lambda x, *rest: (x, torch.ones(x.shape, dtype=torch.bool))
 
 
