@@ -610,5 +610,32 @@ int ortcpu_bmm_f32(int trans_a, int trans_b, const float *a, const float *b, flo
                    int64_t batch, int64_t m, int64_t n, int64_t k, int nthreads);
 int ortcpu_bmm_f64(int trans_a, int trans_b, const double *a, const double *b, double *c,
                    int64_t batch, int64_t m, int64_t n, int64_t k, int nthreads);
+/* gemm_p16 (gemm_p16.c): float32 C (m x n, row stride ldc) = A (m x k) . B + bias, B a
+ * constant packed once by gemm_p16_pack (B stored k x n, or n x k when trans_b) into
+ * gemm_p16_packed_size(n, k) floats; bias (n) may be NULL. The small-batch weight GEMM of
+ * the graph executor; only in x86-64-v3+ builds (gemm_p16_available(); elsewhere gemm_p16
+ * fails cleanly). */
+int ortcpu_gemm_p16_available(void);
+int64_t ortcpu_gemm_p16_packed_size(int64_t n, int64_t k);
+int ortcpu_gemm_p16_pack(int trans_b, int64_t n, int64_t k, const float *b, int64_t ldb,
+                         float *packed);
+int ortcpu_gemm_p16(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                    const float *packed, const float *bias, float *c, int64_t ldc,
+                    int nthreads);
+/* bmm_strided: for the batch entries (i0 < batch0, i1 < batch1), C_i (m x n, row stride
+ * ldc) = alpha * op(A_i) . op(B_i), each operand a strided matrix (row stride lda / ldb;
+ * stored k x m / n x k when transposed) at i0*s[0] + i1*s[1] elements from its base, s
+ * being sa / sb / sc (2 each): the batched MatMul reads transposed, sliced or head-split
+ * operands in place. Input batch strides may be 0 (one matrix for every entry). */
+int ortcpu_bmm_strided_f32(int trans_a, int trans_b, int64_t batch0, int64_t batch1,
+                           int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                           int64_t lda, const int64_t *sa, const float *b, int64_t ldb,
+                           const int64_t *sb, float *c, int64_t ldc, const int64_t *sc,
+                           int nthreads);
+int ortcpu_bmm_strided_f64(int trans_a, int trans_b, int64_t batch0, int64_t batch1,
+                           int64_t m, int64_t n, int64_t k, double alpha, const double *a,
+                           int64_t lda, const int64_t *sa, const double *b, int64_t ldb,
+                           const int64_t *sb, double *c, int64_t ldc, const int64_t *sc,
+                           int nthreads);
 
 #endif

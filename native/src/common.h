@@ -130,6 +130,18 @@ static inline float ort_exp_nonpos_f32(float a)
     return p * ort_bits_to_f32(((int32_t)n + 127) << 23);
 }
 
+/* e^a for a <= 0 or NaN (softmax's x - max), gradual underflow as ort_exp_f32 (two
+ * scale factors), but no overflow clamp and no NaN selects: a NaN runs through the
+ * polynomial into the result. */
+static inline float ort_exp_nonpos_scaled_f32(float a)
+{
+    float n;
+    float p = ort_exp_reduced_f32(a < -104.0f ? -104.0f : a, &n);
+    int32_t ni = (int32_t)n;
+    int32_t n1 = ni >> 1, n2 = ni - n1;
+    return p * ort_bits_to_f32((n1 + 127) << 23) * ort_bits_to_f32((n2 + 127) << 23);
+}
+
 /* Standard normal CDF Phi(x) and pdf phi(x) with one exp:
  * Phi(x) = erfc(-x/sqrt2)/2, accurate in the left tail (relative), where
  * 1 + erf(.) would cancel. Beyond |x| = 13 float32 Phi is 0 or 1 and phi
@@ -199,5 +211,6 @@ static inline float ort_tanh_f32(float v)
 
 static inline double ort_tanh_f64(double v) { return tanh(v); }
 static inline double ort_exp_f64(double x) { return exp(x); }
+static inline double ort_exp_nonpos_scaled_f64(double x) { return exp(x); }
 
 #endif

@@ -4,6 +4,7 @@
   and bias (W·s, (B - mean)·s + beta, s = scale/sqrt(var + eps), computed in float64);
 - the Erf-based GELU subgraph (x·(erf(x/√2) + 1)·0.5, as torch's exporter writes it) ->
   com.microsoft Gelu (the registry kernel);
+- MatMul + Mul/Div by a scalar constant -> the GEMM's alpha;
 - MatMul + Add of a constant bias over the last dim, Conv/Gemm/MatMul + Add/Sum of a
   residual of the output's shape computed earlier (ResNet's skip connections), and
   Conv/Gemm/MatMul + Relu: the add / activation runs in place on the producing kernel's
@@ -62,8 +63,44 @@ def apply_fusions(nodes, consts, graph, opsets, shapes=None):
     done: list[str] = []
     nodes = _fold_conv_bn(nodes, consts, outputs, done)
     nodes = _gelu_erf(nodes, consts, outputs, done, opsets)
+    nodes = _matmul_scale(nodes, consts, outputs, done)
     nodes = _epilogues(nodes, consts, outputs, done, shapes)
     return nodes, _summarize(done)
+
+
+def _matmul_scale(nodes, consts, outputs, done):
+    """MatMul + Mul/Div by a float32/float64 scalar constant (attention's 1/√d) -> the
+    MatMul with an ``ortcpu_alpha`` attribute, the GEMM's alpha (as ORT's FusedMatMul)."""
+    use = consumer_counts(nodes, outputs)
+    prod = _producers(nodes)
+    drop, replace = set(), {}
+    for n in nodes:
+        if n.domain not in _ONNX or n.op_type not in ("Mul", "Div") or len(n.input) != 2:
+            continue
+        for k, src in enumerate(n.input):
+            p = prod.get(src)
+            c = consts.get(n.input[1 - k])
+            if p is None or p.op_type != "MatMul" or p.domain not in _ONNX or \
+                    use.get(src) != 1 or id(p) in replace or (n.op_type == "Div" and k):
+                continue
+            if not isinstance(c, torch.Tensor) or c.numel() != 1 or \
+                    c.dtype not in (torch.float32, torch.float64) or c.dim() > 0:
+                continue
+            v = float(c)
+            alpha = v if n.op_type == "Mul" else 1.0 / v if v != 0 else None
+            if alpha is None or not math.isfinite(alpha):
+                continue
+            new = onnx.NodeProto()
+            new.CopyFrom(p)
+            new.attribute.append(helper.make_attribute(  # a double: exact for float64
+                "ortcpu_alpha", helper.make_tensor("alpha", onnx.TensorProto.DOUBLE, [],
+                                                   [alpha])))
+            new.output[0] = n.output[0]
+            replace[id(p)] = new
+            drop.add(id(n))
+            done.append(f"MatMul+{n.op_type}(scalar) as alpha")
+            break
+    return [replace.get(id(n), n) for n in nodes if id(n) not in drop]
 
 
 def _summarize(done):

@@ -10,14 +10,17 @@ from __future__ import annotations
 import functools
 import inspect
 import keyword
+import math
 
 import onnx.defs
 import torch
 import torch.nn.functional as F
 
 from .. import kernels
+from .._native import check_status, empty, empty_like, ffi, get_num_threads, lib, native_fn, ptr
 from ..kernels.activations import softmax_forward
-from ..kernels.gemm import bmm, gemm
+from ..kernels.gemm import P16_MAX_ROWS, PackedWeight, bmm_strided, gemm
+from ..kernels.norm import rows_cols
 from ..kernels.tensor import slice_plan
 from . import ops_training  # noqa: F401  (its bindings take precedence over the generic ones)
 from .op_table import MS_DOMAIN, ONNX_DOMAIN, lookup, op
@@ -172,42 +175,52 @@ kernel_op("LogSoftmax")(_softmax(True))
 @kernel_op("MatMul")
 def _matmul(ctx):
     mm = kernels.get("MatMul")
+    scale = ctx.attr("ortcpu_alpha")  # a scalar Mul/Div fused in (fusions.py)
+    alpha = 1.0 if scale is None else float(scale)
     dt = ctx.dtype(0)
     if dt not in FLOATS or ctx.dtype(1) != dt:
-        return _float_or(mm, _int_matmul, ctx)
+        f = _float_or(mm, _int_matmul, ctx)
+        return f if alpha == 1.0 else lambda a, b: f(a, b) * alpha
+
+    packed = _small_batch_weight(ctx, trans_b=False) if alpha == 1.0 else None
 
     def matmul(a, b):
         # the registry kernel validated nothing beyond what these cases check themselves:
-        # 2-D B (weights): one [(...·M), K] GEMM; equal 3-D/4-D batches: one batched GEMM,
-        # a transposed operand read in place (BLAS transpose flag, no copy)
+        # 2-D B (weights): one [(...·M), K] GEMM (a few rows: on the pre-packed weight);
+        # equal 3-D/4-D batches: one batched GEMM reading strided operands in place
+        if packed is not None and b is packed.source and a.dim() >= 2 and \
+                a.shape[-1] == packed.k and a.numel() <= P16_MAX_ROWS * packed.k:
+            y = packed.matmul(a.reshape(-1, packed.k).contiguous())
+            return y.reshape(*a.shape[:-1], packed.n)
         if b.dim() == 2 and a.dim() >= 2 and a.shape[-1] == b.shape[0]:
             if not a.is_contiguous():
                 a = a.contiguous()
             tb = not b.is_contiguous() and b.t().is_contiguous()
             y = gemm(a.reshape(-1, a.shape[-1]), b.t() if tb else b.contiguous(),
-                     trans_b=tb, op="MatMul")
+                     trans_b=tb, alpha=alpha, op="MatMul")
             return y.reshape(*a.shape[:-1], b.shape[1])
         if a.dim() == b.dim() >= 3 and a.shape[:-2] == b.shape[:-2] and \
                 a.shape[-1] == b.shape[-2] and a.numel() and b.numel():
-            ta, a3 = _as_batched(a)
-            tb, b3 = _as_batched(b)
-            if a3 is not None and b3 is not None:
-                y = bmm("MatMul", a3, b3, trans_a=ta, trans_b=tb)
-                return y.reshape(*a.shape[:-1], b.shape[-1])
-        return mm(a, b)
+            return bmm_strided("MatMul", a, b, alpha)
+        y = mm(a, b)
+        return y if alpha == 1.0 else y.mul_(alpha)
     return matmul
 
 
-def _as_batched(x):
-    """(transposed, [batch, rows, cols] contiguous tensor) that reads ``x`` [..., r, c]
-    without a copy: x itself, or the contiguous tensor x is a last-two-dims transpose of;
-    (False, None) when neither."""
-    if x.is_contiguous():
-        return False, x.reshape(-1, x.shape[-2], x.shape[-1])
-    xt = x.transpose(-1, -2)
-    if xt.is_contiguous():
-        return True, xt.reshape(-1, xt.shape[-2], xt.shape[-1])
-    return False, x.contiguous().reshape(-1, x.shape[-2], x.shape[-1])
+def _small_batch_weight(ctx, trans_b):
+    """Input 1 packed for ``gemm_p16`` when it is a 2-D float32 constant and input 0's
+    static shape has at most P16_MAX_ROWS rows (packing costs a copy of the weight, so
+    only plans that use it pack); else None."""
+    shape = ctx.input_shapes[0] if ctx.input_shapes else None
+    if ctx.dtype(0) != torch.float32 or shape is None or len(shape) < 2 or \
+            not all(isinstance(d, int) for d in shape):
+        return None
+    rows = 1
+    for d in shape[:-1]:
+        rows *= d
+    if not 1 <= rows <= P16_MAX_ROWS:
+        return None
+    return PackedWeight.pack(ctx.const(1), trans_b)
 
 
 def _int_matmul(a, b):
@@ -230,7 +243,15 @@ def _gemm(ctx):
     if dt in FLOATS and ctx.dtype(1) == dt and (not ctx.has_input(2) or ctx.dtype(2) == dt):
         # dtypes known at plan time: the GEMM core directly (the registry's argument checks
         # cost more than a small GEMM); 2-D operands with matching inner dims checked here
+        packed = _small_batch_weight(ctx, tb) if not ta and alpha == 1.0 else None
+        bias = _gemm_bias(ctx, packed.n, beta) if packed is not None else None
+
         def gemm_known(a, b, c=None):
+            if packed is not None and b is packed.source and (c is None or bias is not None
+                                                              and c is bias[0]) and \
+                    a.dim() == 2 and a.shape[1] == packed.k and a.shape[0] <= P16_MAX_ROWS:
+                return packed.matmul(a if a.is_contiguous() else a.contiguous(),
+                                     None if c is None else bias[1], op="Gemm")
             if a.dim() != 2 or b.dim() != 2 or a.shape[0 if ta else 1] != b.shape[1 if tb else 0]:
                 return g(a, b, c)  # the registry kernel's error
             return gemm(a if a.is_contiguous() else a.contiguous(),
@@ -238,6 +259,16 @@ def _gemm(ctx):
                         trans_b=tb, alpha=alpha, beta=beta)
         return gemm_known
     return lambda a, b, c=None: g(a, b, c) if a.dtype in FLOATS else torch_gemm(a, b, c)
+
+
+def _gemm_bias(ctx, n, beta):
+    """(C as given, C as a contiguous [n] row) when Gemm's C is a float32 constant of n
+    elements along the output's last dim ([n] or [1, n]) and beta is 1; else None."""
+    c = ctx.const(2) if ctx.has_input(2) else None
+    if c is None or beta != 1.0 or c.dtype != torch.float32 or c.numel() != n or \
+            c.dim() not in (1, 2) or c.shape[-1] != n:
+        return None
+    return c, c.reshape(-1).contiguous()
 
 
 @kernel_op("FusedMatMul", domain=MS_DOMAIN)
@@ -317,7 +348,42 @@ def _batchnorm(ctx):
     return lambda *a: (f(*a),) + (None,) * (len(ctx.node.output) - 1)
 
 
-kernel_op("LayerNormalization")(lambda ctx: bind_kernel("LayerNormalization", ctx))
+@kernel_op("LayerNormalization")
+def _layer_norm(ctx):
+    """The registry kernel; when only Y is used, the data float32/float64 and Scale (and B)
+    constants of its dtype, the native forward called directly on contiguous X with the
+    constants' pointers taken once (the registry's checks and its Mean/InvStdDev outputs
+    cost about as much as the kernel at transformer sizes)."""
+    generic = bind_kernel("LayerNormalization", ctx)
+    dt = ctx.dtype(0)
+    shape = ctx.input_shapes[0] if ctx.input_shapes else None
+    params = [ctx.const(i) if ctx.has_input(i) else None for i in (1, 2)]
+    if dt not in FLOATS or any(ctx.outputs_used[1:]) or shape is None or \
+            not all(isinstance(d, int) for d in shape) or not shape or params[0] is None or \
+            (ctx.has_input(2) and params[1] is None):
+        return generic
+    try:
+        _, rows, cols = rows_cols("LayerNormalization", torch.empty(shape, device="meta"),
+                                  ctx.attr("axis", -1))
+    except ValueError:
+        return generic  # the kernel reports it at run time
+    eps = float(ctx.attr("epsilon", 1e-5))
+    scale, bias = (None if p is None else p.contiguous() for p in params)
+    if not eps >= 0 or any(p is not None and (p.dtype != dt or p.numel() != cols)
+                           for p in (scale, bias)):
+        return generic
+    fwd = native_fn("layernorm_forward", dt)
+    pscale, pbias, shape = ptr(scale), ptr(bias), torch.Size(shape)
+
+    def layer_norm(x, *_params):
+        if x.dtype != dt or x.shape != shape or not x.is_contiguous():
+            return generic(x, *_params)
+        y = empty_like(x)
+        check_status(fwd(ptr(x), pscale, pbias, ptr(y), ffi.NULL, ffi.NULL, rows, cols, eps,
+                         0, get_num_threads()), "LayerNormalization")
+        return y
+    layer_norm.keep = (scale, bias)  # the pointers' storage
+    return layer_norm
 
 
 @kernel_op("RMSNormalization", since=23)
@@ -333,16 +399,19 @@ kernel_op("SimplifiedLayerNormalization")(
 @kernel_op("Dropout", pure=False)
 def _dropout(ctx):
     n = len(ctx.node.output)
+    mask_used = n > 1 and ctx.outputs_used[1]
     if ctx.opset < 12:  # inference only before opset 12
-        return _dropout_identity(n)
+        return _dropout_identity(n, mask_used)
     if not ctx.has_input(2) or (ctx.const(2) is not None and not bool(ctx.const(2).item())):
-        return _dropout_identity(n)
+        return _dropout_identity(n, mask_used)
     return bind_kernel("Dropout", ctx)
 
 
-def _dropout_identity(n):
+def _dropout_identity(n, mask_used):
     if n == 1:
         return lambda x, *rest: x
+    if not mask_used:  # (squeezenet's: an all-true mask nobody reads cost ~50 µs a run)
+        return lambda x, *rest: (x, None)
     return lambda x, *rest: (x, torch.ones(x.shape, dtype=torch.bool))
 
 
@@ -459,7 +528,55 @@ def _tuple(r):
 def _concat(ctx):
     axis = ctx.attr("axis", 1 if ctx.opset < 4 else None)
     c = kernels.get("Concat")
-    return lambda *xs: c(*xs, axis=axis)
+    generic = lambda *xs: c(*xs, axis=axis)  # noqa: E731
+    return _concat_static(ctx, axis, generic) or generic
+
+
+def _concat_static(ctx, axis, generic):
+    """With every input's static shape and one dtype known at plan time: the registry's
+    native strided copy, its index arrays built once (the registry call costs ~20 µs of
+    checks and set-up per node, squeezenet's fire modules have 8); inputs whose run-time
+    shape, dtype or layout differ take ``generic``. None when the plan cannot know."""
+    shapes = ctx.input_shapes
+    dts = ctx.input_dtypes
+    if not shapes or any(sh is None or not all(isinstance(d, int) for d in sh) or not sh
+                         for sh in shapes) or dts[0] is None or any(d != dts[0] for d in dts) \
+            or axis is None or not all(len(sh) == len(shapes[0]) for sh in shapes):
+        return None
+    rank = len(shapes[0])
+    ax = axis + rank if axis < 0 else axis
+    if not 0 <= ax < rank or any(sh[:ax] != shapes[0][:ax] or sh[ax + 1:] != shapes[0][ax + 1:]
+                                 for sh in shapes):
+        return None
+    outer = math.prod(shapes[0][:ax])
+    inner = math.prod(shapes[0][ax + 1:])
+    total = sum(sh[ax] for sh in shapes)
+    out_shape = (*shapes[0][:ax], total, *shapes[0][ax + 1:])
+    esz = torch.empty((), dtype=dts[0]).element_size()
+    dst_strides = ffi.new("int64_t[2]", [total * inner, 1])
+    pieces, off = [], 0
+    for sh in shapes:
+        n = sh[ax] * inner
+        pieces.append((torch.Size(sh), off * esz, ffi.new("int64_t[2]", [outer, n]),
+                       ffi.new("int64_t[2]", [n, 1])))
+        off += n
+    dt, nt = dts[0], get_num_threads
+
+    def concat(*xs):
+        if len(xs) != len(pieces) or any(
+                x.dtype != dt or x.shape != p[0] or not x.is_contiguous()
+                for x, p in zip(xs, pieces, strict=False)):
+            return generic(*xs)
+        y = empty(out_shape, dt)
+        base = y.data_ptr()
+        for x, (_, boff, shp, sst) in zip(xs, pieces, strict=True):
+            if shp[0] and shp[1]:
+                check_status(lib.ortcpu_strided_copy(
+                    ffi.cast("char *", x.data_ptr()), ffi.cast("char *", base + boff), 2, shp,
+                    sst, dst_strides, esz, nt()), "Concat")
+        return y
+    concat.keep = (dst_strides, pieces)  # the index arrays' memory
+    return concat
 
 
 @kernel_op("SoftmaxCrossEntropyLoss", since=12)

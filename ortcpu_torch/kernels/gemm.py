@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .._native import empty, ffi, native_fn, ptr
+from .._native import empty, ffi, lib, native_fn, ptr
 from ._checks import (
     check_status,
     float_attr,
@@ -157,3 +157,105 @@ def bmm(op: str, a: torch.Tensor, b: torch.Tensor, trans_a: bool = False,
                                    a.shape[0], m, n, k, get_num_threads())
     check_status(st, op)
     return y
+
+
+
+def strided_layout(x: torch.Tensor):
+    """How BLAS can read the matrices of ``x`` ``[..., r, c]`` in place: (transposed, row
+    stride), or None when it cannot (a copy is needed)."""
+    r, c = x.shape[-2], x.shape[-1]
+    sr, sc = x.stride(-2), x.stride(-1)
+    if (sc == 1 or c == 1) and (r == 1 or sr >= c):
+        return False, sr if r > 1 else c
+    if (sr == 1 or r == 1) and (c == 1 or sc >= r):
+        return True, sc if c > 1 else r
+    return None
+
+
+def batch_strides(shape, *tensors):
+    """The batch dims ``shape`` (shared by ``tensors``) as at most two (size, [stride of
+    each tensor]) levels: size-1 dims dropped, neighbours merged where every tensor's
+    strides allow; None when more than two levels remain."""
+    dims = [(s, [t.stride(i) for t in tensors]) for i, s in enumerate(shape) if s != 1]
+    merged: list = []
+    for size, st in dims:
+        if merged:
+            osize, ost = merged[-1]
+            if all(o == s * size for o, s in zip(ost, st, strict=True)):
+                merged[-1] = (osize * size, st)
+                continue
+        merged.append((size, st))
+    if len(merged) > 2:
+        return None
+    while len(merged) < 2:
+        merged.insert(0, (1, [0] * len(tensors)))
+    return merged
+
+
+def bmm_strided(op: str, a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0):
+    """``[..., m, n]`` = alpha·a·b for float ``a`` ``[..., m, k]`` and ``b`` ``[..., k, n]``
+    of one dtype with equal batch dims (checked by the caller), each read in place where
+    BLAS can (transposed, sliced or head-split views, as attention's Q/K/V are) and copied
+    where it cannot. Not a registry op: the graph executor's batched MatMul."""
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    y = empty((*a.shape[:-1], n), a.dtype)
+    if y.numel() == 0:
+        return y
+    la, lb = strided_layout(a), strided_layout(b)
+    if la is None:
+        a = a.contiguous()
+        la = strided_layout(a)
+    if lb is None:
+        b = b.contiguous()
+        lb = strided_layout(b)
+    levels = batch_strides(a.shape[:-2], a, b, y)
+    if levels is None:
+        a, b = a.contiguous(), b.contiguous()
+        levels = batch_strides(a.shape[:-2], a, b, y)
+    (b0, s0), (b1, s1) = levels
+    strides = ffi.new("int64_t[6]", [s0[0], s1[0], s0[1], s1[1], s0[2], s1[2]])
+    st = native_fn("bmm_strided", a.dtype)(
+        int(la[0]), int(lb[0]), b0, b1, m, n, k, float(alpha), ptr(a), la[1], strides,
+        ptr(b), lb[1], strides + 2, ptr(y), n, strides + 4, get_num_threads())
+    check_status(st, op)
+    return y
+
+
+#: rows of A up to which the pre-packed float32 GEMM runs (measured faster than OpenBLAS,
+#: which repacks B every call, up to ~16 rows; at 32 they tie) -- the graph executor's
+#: small-batch weight GEMMs
+P16_MAX_ROWS = 16
+
+
+class PackedWeight:
+    """A constant float32 right-hand operand ``op(B)`` ``[k, n]`` packed once for
+    ``gemm_p16`` (native/src/gemm_p16.c); ``pack`` returns None where that GEMM is not
+    built (below x86-64-v3) or ``b`` is not a 2-D float32 tensor."""
+
+    __slots__ = ("n", "k", "data", "source")
+
+    def __init__(self, b: torch.Tensor, trans_b: bool):
+        self.source = b
+        self.k, self.n = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
+        b = b.contiguous()
+        self.data = torch.empty(lib.ortcpu_gemm_p16_packed_size(self.n, self.k))
+        check_status(lib.ortcpu_gemm_p16_pack(int(trans_b), self.n, self.k, ptr(b),
+                                              b.shape[1], ptr(self.data)), "gemm_p16_pack")
+
+    @classmethod
+    def pack(cls, b, trans_b: bool = False):
+        if not isinstance(b, torch.Tensor) or b.dtype != torch.float32 or b.dim() != 2 or \
+                not b.numel() or not lib.ortcpu_gemm_p16_available():
+            return None
+        return cls(b, trans_b)
+
+    def matmul(self, a: torch.Tensor, bias: torch.Tensor | None = None,
+               op: str = "MatMul") -> torch.Tensor:
+        """``a`` (contiguous float32 ``[m, k]``) · op(B) (+ ``bias`` ``[n]``, contiguous
+        float32)."""
+        m = a.shape[0]
+        y = empty((m, self.n), torch.float32)
+        st = lib.ortcpu_gemm_p16(m, self.n, self.k, ptr(a), self.k, ptr(self.data), ptr(bias),
+                                 ptr(y), self.n, get_num_threads())
+        check_status(st, op)
+        return y

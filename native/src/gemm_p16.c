@@ -1,0 +1,199 @@
+/* gemm_p16.c -- float32 GEMM with a pre-packed constant right-hand operand, for the
+ * graph executor's weights at small batch (m of a few rows: the MLP at batch 8).
+ *
+ * BLAS repacks B on every call: at m = 8 that is as much memory traffic as the GEMM
+ * itself, and OpenBLAS measured ~1.5x slower than a pre-packed GEMM there (MKL's
+ * cblas_sgemm_pack/compute no faster than OpenBLAS). Here B is packed once (plan time)
+ * into panels of 16 columns, each panel k rows of 16 contiguous floats (zero-padded past
+ * n); a 4x16 AVX2 micro-kernel (8 accumulators) then streams each panel once per 4 rows,
+ * and the optional bias is added as the tile is stored. Threads split the panels.
+ * Built at x86-64-v3 and above only (ortcpu_gemm_p16_available() says so). */
+#include "common.h"
+
+#include <omp.h>
+
+#define P16 16
+
+int64_t ortcpu_gemm_p16_packed_size(int64_t n, int64_t k)
+{
+    if (n < 0 || k < 0) return -1;
+    return (n + P16 - 1) / P16 * P16 * k;
+}
+
+int ortcpu_gemm_p16_pack(int trans_b, int64_t n, int64_t k, const float *b, int64_t ldb,
+                         float *packed)
+{
+    if (n < 0 || k < 0 || (n > 0 && k > 0 && ldb < (trans_b ? k : n)))
+        return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "gemm_p16_pack: bad sizes n=%lld k=%lld "
+                        "ldb=%lld", (long long)n, (long long)k, (long long)ldb);
+    int64_t panels = (n + P16 - 1) / P16;
+    for (int64_t p = 0; p < panels; p++) {
+        float *dst = packed + p * P16 * k;
+        int64_t j0 = p * P16, w = n - j0 < P16 ? n - j0 : P16;
+        for (int64_t kk = 0; kk < k; kk++) {
+            float *row = dst + kk * P16;
+            for (int64_t j = 0; j < w; j++)
+                row[j] = trans_b ? b[(j0 + j) * ldb + kk] : b[kk * ldb + j0 + j];
+            for (int64_t j = w; j < P16; j++) row[j] = 0.0f;
+        }
+    }
+    return ORTCPU_OK;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && ORT_ISA_LEVEL >= 1
+#include <immintrin.h>
+
+int ortcpu_gemm_p16_available(void) { return 1; }
+
+/* rows [0, R) of C's panel: C[r, j0:j0+w] = A[r, :] . P + bias[j0:j0+w]. Named
+ * accumulators, not an array: GCC kept an array on the stack, storing it every step. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+p16_store(__m256 lo, __m256 hi, const float *restrict bias, float *restrict c, int64_t w)
+{
+    if (w == P16) {
+        if (bias) {
+            lo = _mm256_add_ps(lo, _mm256_loadu_ps(bias));
+            hi = _mm256_add_ps(hi, _mm256_loadu_ps(bias + 8));
+        }
+        _mm256_storeu_ps(c, lo);
+        _mm256_storeu_ps(c + 8, hi);
+        return;
+    }
+    float t[P16];
+    _mm256_storeu_ps(t, lo);
+    _mm256_storeu_ps(t + 8, hi);
+    for (int64_t j = 0; j < w; j++) c[j] = t[j] + (bias ? bias[j] : 0.0f);
+}
+
+/* one row: the k steps in 4 interleaved chains (8 accumulators), else the FMA latency
+ * bounds it (batch-1 inference) */
+__attribute__((target("avx2,fma"))) static void
+p16_row(const float *restrict a, const float *restrict p, int64_t k,
+        const float *restrict bias, float *restrict c, int64_t w)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0,
+           s7 = s0;
+    int64_t kk = 0;
+    for (; kk + 4 <= k; kk += 4) {
+        const float *q = p + kk * P16;
+        _mm_prefetch((const char *)(q + 24 * P16), _MM_HINT_T0);
+        _mm_prefetch((const char *)(q + 25 * P16), _MM_HINT_T0);
+        _mm_prefetch((const char *)(q + 26 * P16), _MM_HINT_T0);
+        _mm_prefetch((const char *)(q + 27 * P16), _MM_HINT_T0);
+        __m256 a0 = _mm256_broadcast_ss(a + kk), a1 = _mm256_broadcast_ss(a + kk + 1);
+        __m256 a2 = _mm256_broadcast_ss(a + kk + 2), a3 = _mm256_broadcast_ss(a + kk + 3);
+        s0 = _mm256_fmadd_ps(a0, _mm256_loadu_ps(q), s0);
+        s1 = _mm256_fmadd_ps(a0, _mm256_loadu_ps(q + 8), s1);
+        s2 = _mm256_fmadd_ps(a1, _mm256_loadu_ps(q + 16), s2);
+        s3 = _mm256_fmadd_ps(a1, _mm256_loadu_ps(q + 24), s3);
+        s4 = _mm256_fmadd_ps(a2, _mm256_loadu_ps(q + 32), s4);
+        s5 = _mm256_fmadd_ps(a2, _mm256_loadu_ps(q + 40), s5);
+        s6 = _mm256_fmadd_ps(a3, _mm256_loadu_ps(q + 48), s6);
+        s7 = _mm256_fmadd_ps(a3, _mm256_loadu_ps(q + 56), s7);
+    }
+    for (; kk < k; kk++) {
+        __m256 av = _mm256_broadcast_ss(a + kk);
+        s0 = _mm256_fmadd_ps(av, _mm256_loadu_ps(p + kk * P16), s0);
+        s1 = _mm256_fmadd_ps(av, _mm256_loadu_ps(p + kk * P16 + 8), s1);
+    }
+    p16_store(_mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s4, s6)),
+              _mm256_add_ps(_mm256_add_ps(s1, s3), _mm256_add_ps(s5, s7)), bias, c, w);
+}
+
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+p16_tile(int R, const float *restrict a, int64_t lda, const float *restrict p, int64_t k,
+         const float *restrict bias, float *restrict c, int64_t ldc, int64_t w)
+{
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
+           c30 = c00, c31 = c00;
+    const float *a0 = a, *a1 = a + lda, *a2 = a + 2 * lda, *a3 = a + 3 * lda;
+    for (int64_t kk = 0; kk < k; kk++) {
+        /* one panel row is one cache line: fetch 24 rows ahead (the weight streams from
+         * memory at batch sizes this GEMM serves) */
+        _mm_prefetch((const char *)(p + (kk + 24) * P16), _MM_HINT_T0);
+        __m256 b0 = _mm256_loadu_ps(p + kk * P16), b1 = _mm256_loadu_ps(p + kk * P16 + 8);
+        __m256 av = _mm256_broadcast_ss(a0 + kk);
+        c00 = _mm256_fmadd_ps(av, b0, c00);
+        c01 = _mm256_fmadd_ps(av, b1, c01);
+        if (R > 1) {
+            av = _mm256_broadcast_ss(a1 + kk);
+            c10 = _mm256_fmadd_ps(av, b0, c10);
+            c11 = _mm256_fmadd_ps(av, b1, c11);
+        }
+        if (R > 2) {
+            av = _mm256_broadcast_ss(a2 + kk);
+            c20 = _mm256_fmadd_ps(av, b0, c20);
+            c21 = _mm256_fmadd_ps(av, b1, c21);
+        }
+        if (R > 3) {
+            av = _mm256_broadcast_ss(a3 + kk);
+            c30 = _mm256_fmadd_ps(av, b0, c30);
+            c31 = _mm256_fmadd_ps(av, b1, c31);
+        }
+    }
+    p16_store(c00, c01, bias, c, w);
+    if (R > 1) p16_store(c10, c11, bias, c + ldc, w);
+    if (R > 2) p16_store(c20, c21, bias, c + 2 * ldc, w);
+    if (R > 3) p16_store(c30, c31, bias, c + 3 * ldc, w);
+}
+
+__attribute__((target("avx2,fma"))) static void
+p16_panels(int64_t p0, int64_t p1, int64_t m, int64_t n, int64_t k, const float *a,
+           int64_t lda, const float *packed, const float *bias, float *c, int64_t ldc)
+{
+    for (int64_t p = p0; p < p1; p++) {
+        const float *pp = packed + p * P16 * k;
+        int64_t j0 = p * P16, w = n - j0 < P16 ? n - j0 : P16;
+        const float *bj = bias ? bias + j0 : NULL;
+        int64_t i = 0;
+        for (; i + 4 <= m; i += 4) p16_tile(4, a + i * lda, lda, pp, k, bj, c + i * ldc + j0, ldc, w);
+        switch (m - i) {
+        case 3: p16_tile(3, a + i * lda, lda, pp, k, bj, c + i * ldc + j0, ldc, w); break;
+        case 2: p16_tile(2, a + i * lda, lda, pp, k, bj, c + i * ldc + j0, ldc, w); break;
+        case 1: p16_row(a + i * lda, pp, k, bj, c + i * ldc + j0, w); break;
+        default: break;
+        }
+    }
+}
+
+int ortcpu_gemm_p16(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                    const float *packed, const float *bias, float *c, int64_t ldc,
+                    int nthreads)
+{
+    if (m < 0 || n < 0 || k < 0 || (m > 0 && k > 0 && lda < k) || (m > 0 && n > 0 && ldc < n))
+        return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "gemm_p16: bad sizes m=%lld n=%lld "
+                        "k=%lld lda=%lld ldc=%lld", (long long)m, (long long)n, (long long)k,
+                        (long long)lda, (long long)ldc);
+    if (m == 0 || n == 0) return ORTCPU_OK;
+    int64_t panels = (n + P16 - 1) / P16;
+    int t = nthreads < 1 ? 1 : nthreads;
+    double flops = 2.0 * (double)m * (double)n * (double)k;
+    if (flops < 1e6 || panels < 2 * t || omp_in_parallel()) t = 1;
+    if (t == 1) {
+        p16_panels(0, panels, m, n, k, a, lda, packed, bias, c, ldc);
+        return ORTCPU_OK;
+    }
+#pragma omp parallel num_threads(t)
+    {
+        int id = omp_get_thread_num(), nt = omp_get_num_threads();
+        int64_t per = (panels + nt - 1) / nt, s = id * per, e = s + per < panels ? s + per : panels;
+        if (s < e) p16_panels(s, e, m, n, k, a, lda, packed, bias, c, ldc);
+    }
+    return ORTCPU_OK;
+}
+
+#else
+
+int ortcpu_gemm_p16_available(void) { return 0; }
+
+int ortcpu_gemm_p16(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                    const float *packed, const float *bias, float *c, int64_t ldc,
+                    int nthreads)
+{
+    (void)m; (void)n; (void)k; (void)a; (void)lda; (void)packed; (void)bias; (void)c;
+    (void)ldc; (void)nthreads;
+    return ort_fail(ORTCPU_E_INVALID_ARGUMENT,
+                    "gemm_p16: not in this build (x86-64-v3 and above only)");
+}
+
+#endif

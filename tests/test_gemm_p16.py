@@ -1,0 +1,111 @@
+"""The pre-packed float32 small-batch GEMM (native/src/gemm_p16.c, kernels.gemm.PackedWeight)
+vs float64 torch over the micro-kernel's edges (rows 1-4 and 5+, partial 16-column panels,
+k not a multiple of 4), and the executor's MatMul/Gemm bindings that use it vs ORT."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from onnx import TensorProto as TP
+from onnx import helper, numpy_helper
+
+from ortcpu_torch._native import lib
+from ortcpu_torch.graph import InferenceSession
+from ortcpu_torch.kernels.gemm import P16_MAX_ROWS, PackedWeight
+
+from .conftest import assert_close
+
+needs_p16 = pytest.mark.skipif(not lib.ortcpu_gemm_p16_available(),
+                               reason="gemm_p16 is built at x86-64-v3 and above only")
+
+
+@needs_p16
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_p16_matches_float64(trans_b):
+    g = torch.Generator().manual_seed(0)
+    for m in (1, 2, 3, 4, 5, 7, 8, 16):
+        for n, k in ((1, 1), (10, 3), (16, 5), (17, 33), (47, 130)):
+            b = torch.randn((n, k) if trans_b else (k, n), generator=g)
+            a = torch.randn(m, k, generator=g)
+            bias = torch.randn(n, generator=g)
+            pw = PackedWeight.pack(b, trans_b)
+            before = b.clone()
+            bb = (b.t() if trans_b else b).double()
+            for bi in (None, bias):
+                y = pw.matmul(a, bi)
+                want = a.double() @ bb + (0 if bi is None else bi.double())
+                assert_close(y, want.float(), rtol=1e-5, atol=1e-5, msg=f"m{m} n{n} k{k}")
+            assert torch.equal(b, before)
+
+
+def test_pack_declines_what_it_cannot_pack():
+    assert PackedWeight.pack(torch.randn(3, 4, dtype=torch.float64)) is None
+    assert PackedWeight.pack(torch.randn(2, 3, 4)) is None
+    assert PackedWeight.pack(torch.empty(0, 4)) is None
+
+
+@needs_p16
+def test_p16_bad_sizes_are_errors():
+    from ortcpu_torch._native import ffi
+
+    assert lib.ortcpu_gemm_p16(2, 3, 4, ffi.NULL, 2, ffi.NULL, ffi.NULL, ffi.NULL, 3, 1) != 0
+    assert lib.ortcpu_gemm_p16_pack(0, 3, 4, ffi.NULL, 2, ffi.NULL) != 0
+
+
+def _gemm_model(m, n, k, trans_b=1, c_shape=(None,), beta=1.0, fed_c=False, relu=True):
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((n, k) if trans_b else (k, n)).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w")]
+    ins = [helper.make_tensor_value_info("x", TP.FLOAT, [m, k])]
+    gin = ["x", "w"]
+    if c_shape != (None,):
+        gin.append("c")
+        if fed_c:
+            ins.append(helper.make_tensor_value_info("c", TP.FLOAT, list(c_shape)))
+        else:
+            inits.append(numpy_helper.from_array(
+                rng.standard_normal(c_shape).astype(np.float32), "c"))
+    nodes = [helper.make_node("Gemm", gin, ["g"], transB=trans_b, beta=beta)]
+    nodes.append(helper.make_node("Relu" if relu else "Identity", ["g"], ["y"]))
+    g = helper.make_graph(nodes, "g", ins, [helper.make_tensor_value_info("y", TP.FLOAT,
+                                                                          [m, n])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+@pytest.mark.parametrize("kw", [dict(c_shape=(37,)), dict(c_shape=(1, 37)), dict(),
+                                dict(trans_b=0, c_shape=(37,)), dict(c_shape=(5, 37)),
+                                dict(c_shape=(37,), beta=0.5), dict(c_shape=(37,), fed_c=True),
+                                dict(c_shape=(37,), relu=False)])
+def test_gemm_binding_vs_ort(kw):
+    ort = pytest.importorskip("onnxruntime")
+    m = _gemm_model(5, 37, 70, **kw)
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal((5, 70)).astype(np.float32)}
+    if kw.get("fed_c"):
+        feeds["c"] = rng.standard_normal(kw["c_shape"]).astype(np.float32)
+    got = InferenceSession(m).run(None, feeds)[0]
+    want = ort.InferenceSession(m.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 3, P16_MAX_ROWS, P16_MAX_ROWS + 1])
+def test_matmul_weight_binding_vs_ort(rows):
+    ort = pytest.importorskip("onnxruntime")
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((45, 19)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"]),
+             helper.make_node("Add", ["mm", "b"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TP.FLOAT,
+                                                                     [1, rows, 45])],
+                          [helper.make_tensor_value_info("y", TP.FLOAT, [1, rows, 19])],
+                          [numpy_helper.from_array(w, "w"),
+                           numpy_helper.from_array(rng.standard_normal(19).astype(np.float32),
+                                                   "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    feeds = {"x": rng.standard_normal((1, rows, 45)).astype(np.float32)}
+    got = InferenceSession(m).run(None, feeds)[0]
+    want = ort.InferenceSession(m.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
