@@ -267,26 +267,34 @@ def is_2x2(geom) -> bool:
             and out[0] == ins[0] and 2 * out[1] <= ins[1] and 2 * out[2] <= ins[2])
 
 
-def maxpool2x2_forward(op, X, geom, out):
-    """(Y, code): 2x2 stride-2 max pool keeping a 1-byte argmax code per window."""
+def _code_pool_forward(native, op, X, geom, out):
     from .._native import ffi
 
     Y = empty((X.shape[0], X.shape[1], *out), X.dtype)
     code = torch.empty(Y.shape, dtype=torch.uint8)
-    st = native_fn("maxpool2x2_forward", X.dtype)(
+    st = native_fn(native, X.dtype)(
         ptr(X), ptr(Y), ffi.cast("uint8_t *", code.data_ptr()), geom, get_num_threads())
     check_status(st, op)
     return Y, code
 
 
-def maxpool2x2_backward(op, dY, code, x_shape, geom):
+def _code_pool_backward(native, op, dY, code, x_shape, geom):
     from .._native import ffi
 
     dX = empty(tuple(x_shape), dY.dtype)
-    st = native_fn("maxpool2x2_backward", dY.dtype)(
+    st = native_fn(native, dY.dtype)(
         ptr(dY), ffi.cast("uint8_t *", code.data_ptr()), ptr(dX), geom, get_num_threads())
     check_status(st, op)
     return dX
+
+
+def maxpool2x2_forward(op, X, geom, out):
+    """(Y, code): 2x2 stride-2 max pool keeping a 1-byte argmax code per window."""
+    return _code_pool_forward("maxpool2x2_forward", op, X, geom, out)
+
+
+def maxpool2x2_backward(op, dY, code, x_shape, geom):
+    return _code_pool_backward("maxpool2x2_backward", op, dY, code, x_shape, geom)
 
 
 def is_code(geom) -> bool:
@@ -305,21 +313,8 @@ def is_code(geom) -> bool:
 def maxpool_code_forward(op, X, geom, out):
     """(Y, code): max pool keeping a 1-byte argmax code (``kh * kW + kw``) per window;
     geometry ``is_code``. 2x2 stride-2 windows: ``maxpool2x2_forward`` is faster."""
-    from .._native import ffi
-
-    Y = empty((X.shape[0], X.shape[1], *out), X.dtype)
-    code = torch.empty(Y.shape, dtype=torch.uint8)
-    st = native_fn("maxpool_code_forward", X.dtype)(
-        ptr(X), ptr(Y), ffi.cast("uint8_t *", code.data_ptr()), geom, get_num_threads())
-    check_status(st, op)
-    return Y, code
+    return _code_pool_forward("maxpool_code_forward", op, X, geom, out)
 
 
 def maxpool_code_backward(op, dY, code, x_shape, geom):
-    from .._native import ffi
-
-    dX = empty(tuple(x_shape), dY.dtype)
-    st = native_fn("maxpool_code_backward", dY.dtype)(
-        ptr(dY), ffi.cast("uint8_t *", code.data_ptr()), ptr(dX), geom, get_num_threads())
-    check_status(st, op)
-    return dX
+    return _code_pool_backward("maxpool_code_backward", op, dY, code, x_shape, geom)
