@@ -172,3 +172,51 @@ def test_backward_takes_the_upstream_gradient_autograd_casts(op):
     torch.testing.assert_close(xs[0].grad, xs[1].grad, rtol=1e-5, atol=1e-6)
     if op == "linear":
         torch.testing.assert_close(ws[0].grad, ws[1].grad, rtol=1e-5, atol=1e-5)
+
+
+class _Sub(torch.Tensor):
+    pass
+
+
+@pytest.mark.parametrize("side", ["ours", "torch"])
+def test_a_decided_signature_still_falls_back_for_a_subclass_or_autocast(side):
+    """A swapped module's call of a signature ``select`` decided before takes the short
+    path, which still sends a tensor subclass (same shape and dtype as the decided call)
+    and CPU autocast to torch as counted fallbacks, on either chosen side."""
+    base = nn.Sequential(nn.Linear(8, 8), nn.GELU())
+    model = copy.deepcopy(base)
+    x = torch.randn(4, 8)
+    ortcpu_torch.wrap(model, fallback="silent")
+    model(x)
+    sig = {k: side for k in ortcpu_torch.report(model, file=None).selection}
+    ortcpu_torch.wrap(model, fallback="silent", select=sig)
+    for _ in range(2):
+        torch.testing.assert_close(model(x), base(x), rtol=1e-5, atol=1e-6)
+    depth = torch._C._len_torch_function_stack()
+    out = model(x.as_subclass(_Sub))
+    torch.testing.assert_close(out.as_subclass(torch.Tensor), base(x), rtol=1e-5, atol=1e-6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x)
+    assert torch._C._len_torch_function_stack() == depth
+    lin = next(d for d in ortcpu_torch.report(model, file=None).modules if d["name"] == "0")
+    reasons = " | ".join(lin["reasons"])
+    assert "tensor subclass _Sub" in reasons and "CPU autocast is active" in reasons, reasons
+    assert lin["calls_ours" if side == "ours" else "calls_torch"] >= 2
+    assert lin["calls_ours"] + lin["calls_torch"] == 4
+
+
+def test_a_decided_signature_on_ours_falls_back_when_ours_rejects_the_call():
+    """On the short path, ours raising a TypeError/ValueError for a call is a fallback to
+    torch's forward with ours' message, as on the general path."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.GELU())
+    ortcpu_torch.wrap(model, fallback="silent", select="ours")
+    x = torch.randn(4, 8)
+    model(x)
+    model[1].approximate = "tanh"
+    model(x)  # ours takes tanh too: still ours
+    model[0].weight.data = model[0].weight.data.double()  # ours rejects: mixed dtypes
+    with pytest.raises(RuntimeError):
+        model(x)  # torch's forward rejects it too, after the counted fallback
+    lin = next(d for d in ortcpu_torch.report(model, file=None).modules if d["name"] == "0")
+    assert lin["calls_ours"] == 2 and lin["calls_torch"] == 1
+    assert any("weight must have the dtype of input" in r for r in lin["reasons"]), lin

@@ -69,8 +69,17 @@ def values_reason(values) -> str | None:
 def module_call_reason(module: torch.nn.Module, args, kwargs) -> str | None:
     """``values_reason`` of a swapped module's call: its arguments, parameters and buffers,
     in one loop over the common case (plain CPU tensors)."""
-    for group in (args, module._parameters.values(), module._buffers.values(),
-                  kwargs.values() if kwargs else ()):
+    return _groups_reason((args, module._parameters.values(), module._buffers.values(),
+                           kwargs.values() if kwargs else ()))
+
+
+def call_args_reason(args, kwargs) -> str | None:
+    """``module_call_reason`` without the module's parameters and buffers."""
+    return _groups_reason((args, kwargs.values()) if kwargs else (args,))
+
+
+def _groups_reason(groups) -> str | None:
+    for group in groups:
         for v in group:
             if type(v) in PLAIN_TYPES and v.is_cpu and v.layout is torch.strided \
                     and v.dtype in _OK_DTYPES:

@@ -13,7 +13,14 @@ from __future__ import annotations
 
 import torch
 
-from .policy import INFO_ATTR, context_reason, exc_reason, module_call_reason
+from .policy import (
+    INFO_ATTR,
+    call_args_reason,
+    context_reason,
+    exc_reason,
+    module_call_reason,
+)
+from .routing import KernelMode
 from .select import call_key, choose, module_runner
 from .tables import MODULES, ModuleEntry
 from .timing import timed
@@ -33,11 +40,33 @@ class SwapInfo:
         self.qualname = qualname
         self.state = state
         self.attrs = attrs  # public config attributes to mirror onto the original on fallback
+        self.__setstate__(self.__dict__)
+
+    def __getstate__(self):
+        d = dict(self.__dict__)
+        for k in ("sides", "stats", "ours_forward"):
+            d.pop(k, None)
+        return d
+
+    def __setstate__(self, d):
+        self.__dict__.update(d)
+        # per call, looked up once: select's choices for this module by (training flag,
+        # call_key), the module's Stats, the counterpart's own forward
+        self.sides: dict = {}
+        self.stats = None
+        self.ours_forward = None
+
+
+_disabled = torch._C.DisableTorchFunction
+_is_compiling = torch.compiler.is_compiling
+_stack_len = torch._C._len_torch_function_stack
+_stack_at = torch._C._get_function_stack_at
+_SLOW = object()  # _fast_forward's "take the general path"
 
 
 def _wrapped_forward(self, *args, **kwargs):
     info: SwapInfo = self.__dict__[INFO_ATTR]
-    if torch.compiler.is_compiling():
+    if _is_compiling():
         # torch.compile traces torch's forward; the root's compile-time mode routes the
         # functionals it calls (F.linear, F.batch_norm, ...) to our custom ops
         # (compiled.py). Nothing is counted here: a counter read while tracing becomes a
@@ -45,33 +74,106 @@ def _wrapped_forward(self, *args, **kwargs):
         sync_to_original(self, info.original, info.attrs)
         return info.original.forward(*args, **kwargs)
     state = info.state
-    stats = state.modules[info.qualname]["stats"]
+    stats = info.stats
+    if stats is None:
+        stats = info.stats = state.modules[info.qualname]["stats"]
+        info.ours_forward = type(self).__mro__[1].forward
+    if not state.timing:
+        n = _stack_len()
+        top = _stack_at(n - 1) if n else None
+        if type(top) is KernelMode and top.state is state:
+            # the common call, inside the wrapped root's forward, of a signature seen
+            # before: everything below runs with our kernel mode popped (no Python
+            # __torch_function__ per tensor attribute read or per torch call)
+            torch._C._pop_torch_function_stack()
+            try:
+                out = _fast_forward(self, info, state, stats, args, kwargs)
+            finally:
+                torch._C._push_on_torch_function_stack(top)
+            if type(out) is not _Fallback:
+                if out is not _SLOW:
+                    return out
+            else:
+                return _fall_back(self, info, state, stats, out.reason, args, kwargs)
+    return _general_forward(self, info, state, stats, args, kwargs)
+
+
+class _Fallback:
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def _fast_forward(self, info: SwapInfo, state, stats, args, kwargs):
+    """A call whose signature select has decided before: torch's forward (its arguments
+    checked; parameters and buffers are checked when a signature is new and on every call
+    that runs ours), or ours; ``_SLOW`` for anything else (a new signature, a context
+    where nothing may run ours), a ``_Fallback`` when ours rejected the call."""
+    if context_reason() is not None:
+        return _SLOW
+    side = "ours" if state.select == "ours" else \
+        info.sides.get((self.training, call_key(args, kwargs)))
+    if side == "torch":
+        if call_args_reason(args, kwargs) is not None:
+            return _SLOW
+        stats.chose_torch()
+        orig = info.original
+        sync_to_original(self, orig, info.attrs)
+        return orig.forward(*args, **kwargs)
+    if side != "ours":
+        return _SLOW
+    with _disabled():
+        reason = module_call_reason(self, args, kwargs)
+        if reason is not None:
+            return _SLOW
+        try:
+            out = info.ours_forward(self, *args, **kwargs)
+        except (TypeError, ValueError) as e:
+            return _Fallback(exc_reason(f"nn.{type(self).__mro__[1].__name__}", e))
+    stats.ours += 1
+    return out
+
+
+def _general_forward(self, info: SwapInfo, state, stats, args, kwargs):
     # the checks too run without the kernel mode: under it every tensor attribute read
     # is a Python __torch_function__ call
-    with torch._C.DisableTorchFunction():
+    with _disabled():
         reason = context_reason() or module_call_reason(self, args, kwargs)
         if reason is None and state.select != "ours":
-            key = (info.entry_name, info.config, self.training, call_key(args, kwargs))
-            side = state.sides.get(key)
-            if side is None:  # a new signature: measure (the runners are built only now)
-                side = choose(
-                    state, info.entry_name, (type(info.original), self.training, info.config),
-                    module_runner(self, type(self).__mro__[1].forward),
-                    module_runner(info.original, type(info.original).forward,
-                                  lambda: sync_to_original(self, info.original, info.attrs)),
-                    args, kwargs, key)
+            # this module's choices by a short key, filled from the wrap-wide ones
+            fast = (self.training, call_key(args, kwargs))
+            side = info.sides.get(fast)
+            if side is None:
+                key = (info.entry_name, info.config, fast[0], fast[1])
+                side = state.sides.get(key)
+                if side is None:  # a new signature: measure (the runners are built now)
+                    side = choose(
+                        state, info.entry_name,
+                        (type(info.original), self.training, info.config),
+                        module_runner(self, info.ours_forward),
+                        module_runner(info.original, type(info.original).forward,
+                                      lambda: sync_to_original(self, info.original,
+                                                               info.attrs)),
+                        args, kwargs, key)
+                info.sides[fast] = side
             if side == "torch":
                 stats.chose_torch()
                 reason = CHOSE
         if reason is None:
-            fwd = type(self).__mro__[1].forward
             try:
-                out = timed(state, "ours", fwd, self, *args, **kwargs) if state.timing \
-                    else fwd(self, *args, **kwargs)
+                out = timed(state, "ours", info.ours_forward, self, *args, **kwargs) \
+                    if state.timing else info.ours_forward(self, *args, **kwargs)
                 stats.ours += 1
                 return out
             except (TypeError, ValueError) as e:
                 reason = exc_reason(f"nn.{type(self).__mro__[1].__name__}", e)
+    return _fall_back(self, info, state, stats, reason, args, kwargs)
+
+
+def _fall_back(self, info: SwapInfo, state, stats, reason, args, kwargs):
+    """torch's forward for this call: ``reason`` is CHOSE (torch measured faster) or why
+    ours cannot run it (a fallback, announced per the policy)."""
     orig = info.original
     sync_to_original(self, orig, info.attrs)
     if reason is CHOSE:
