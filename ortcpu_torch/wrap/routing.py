@@ -286,7 +286,7 @@ class EnterHook:
                 mode.__enter__()
             return
         mode = KernelMode(self.state)
-        mode.__enter__()
+        torch._C._push_on_torch_function_stack(mode)  # mode.__enter__ without its layers
         self.state.modes.append(mode)
 
 
@@ -304,7 +304,8 @@ class ExitHook:
             return
         modes = self.state.modes
         if modes:
-            modes.pop().__exit__(None, None, None)
+            modes.pop()
+            torch._C._pop_torch_function_stack()  # what its __exit__ does
 
 
 def kernels_enabled(fallback: str = "warn", include=None, exclude=None,

@@ -11,6 +11,8 @@ route everything inside an included one)."""
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from .policy import (
@@ -61,6 +63,8 @@ _disabled = torch._C.DisableTorchFunction
 _is_compiling = torch.compiler.is_compiling
 _stack_len = torch._C._len_torch_function_stack
 _stack_at = torch._C._get_function_stack_at
+_is_tracing = torch._C._is_tracing
+_autocast = torch.is_autocast_enabled
 _SLOW = object()  # _fast_forward's "take the general path"
 
 
@@ -110,7 +114,7 @@ def _fast_forward(self, info: SwapInfo, state, stats, args, kwargs):
     checked; parameters and buffers are checked when a signature is new and on every call
     that runs ours), or ours; ``_SLOW`` for anything else (a new signature, a context
     where nothing may run ours), a ``_Fallback`` when ours rejected the call."""
-    if context_reason() is not None:
+    if _is_tracing() or _autocast("cpu"):  # context_reason, compiling excluded above
         return _SLOW
     side = "ours" if state.select == "ours" else \
         info.sides.get((self.training, call_key(args, kwargs)))
@@ -224,6 +228,9 @@ def sync_to_original(new, orig, attrs) -> None:
             od[k] = nd[k]
     for d in ("_parameters", "_buffers"):
         odd, ndd = od[d], nd[d]
+        # the common case, nothing re-assigned (same order: build_swap), in one C loop
+        if len(odd) == len(ndd) and all(map(operator.is_, odd.values(), ndd.values())):
+            continue
         for k, v in ndd.items():
             if odd.get(k, None) is not v:
                 setattr(orig, k, v)  # setattr: modules caching parameter lists update them
