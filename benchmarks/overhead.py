@@ -13,9 +13,11 @@ the round's median kept; the table gives the median over rounds): torch eager; o
 ``ortcpu_torch.wrap`` (module swap + functional routing: what a user gets); and ours as
 plain ``ortcpu_torch.nn`` modules without ``wrap`` (the same kernels and autograd
 functions minus wrap's dispatch). ``wrapped ÷ torch`` is the issue's measure (target
-<= 1.1); ``wrapped - torch`` the extra microseconds per step. The CPU model, its ISA
-(AVX-512 or AVX2 only) and the share of CPU time other processes used meanwhile are
-printed and saved: on a shared 2-core machine, microsecond ratios move with the load.
+<= 1.1); ``wrapped - torch`` the extra microseconds per step; "wrapped ran" says which side
+``select`` chose for each swapped module (a module run by torch costs wrap's dispatch
+only). The CPU model, its ISA (AVX-512 or AVX2 only) and the share of CPU time other
+processes used meanwhile are printed and saved: on a shared 2-core machine, microsecond
+ratios move with the load.
 Writes ``benchmarks/results/overhead.{json,md}``.
 """
 
@@ -56,10 +58,18 @@ class _Case:
     def steps(self):
         base = self.make_torch()
         inputs = self.make_inputs()
-        wrapped = ortcpu_torch.wrap(copy.deepcopy(base), fallback="error")
+        self.wrapped = ortcpu_torch.wrap(copy.deepcopy(base), fallback="error")
         plain = self.make_ours(base)
-        return {"torch": self._step(base, inputs), "wrapped": self._step(wrapped, inputs),
+        return {"torch": self._step(base, inputs), "wrapped": self._step(self.wrapped, inputs),
                 "plain": self._step(plain, inputs)}
+
+    def wrapped_sides(self) -> str:
+        """Which side each swapped module of the wrapped model ran on (select's choice for
+        this signature): on a module run by torch, wrapped - torch is wrap's own cost."""
+        rep = ortcpu_torch.report(self.wrapped, file=None)
+        return ", ".join(f"{d['name']} {d['type'].rsplit('.', 1)[-1]}: "
+                         f"{'ours' if d['calls_ours'] >= d['calls_torch'] else 'torch'}"
+                         for d in rep.modules)
 
     def _step(self, model, inputs):
         params = list(model.parameters())
@@ -176,13 +186,15 @@ def main(argv=None) -> None:
         row = {"case": case.name, **{f"{k}_us": round(v, 1) for k, v in med.items()},
                "wrapped_over_torch": round(med["wrapped"] / med["torch"], 2),
                "plain_over_torch": round(med["plain"] / med["torch"], 2),
-               "wrapped_extra_us": round(med["wrapped"] - med["torch"], 1)}
+               "wrapped_extra_us": round(med["wrapped"] - med["torch"], 1),
+               "wrapped_sides": case.wrapped_sides()}
         rows.append(row)
         ok = "meets" if row["wrapped_over_torch"] <= TARGET else "misses"
         print(f"{case.name:28s} torch {med['torch']:7.1f} us  wrapped {med['wrapped']:7.1f} us "
               f"({row['wrapped_over_torch']:.2f}x, {row['wrapped_extra_us']:+.1f} us; {ok} "
               f"target <= {TARGET}x)  plain nn {med['plain']:7.1f} us "
-              f"({row['plain_over_torch']:.2f}x)", flush=True)
+              f"({row['plain_over_torch']:.2f}x)  [wrapped ran {row['wrapped_sides']}]",
+              flush=True)
     foreign = load.report()
     print(f"other processes used {foreign['foreign_share']:.0%} of the machine meanwhile")
     md = [f"`python -m benchmarks.overhead --threads {args.threads}`. "
@@ -192,11 +204,12 @@ def main(argv=None) -> None:
           f"{args.iters} timed steps ({'thread CPU' if args.cpu_time else 'wall'} time). "
           f"Target (issue 18): wrapped ÷ torch <= {TARGET}.", "",
           "| case | torch µs | wrapped µs | wrapped ÷ torch | wrapped − torch µs | "
-          "ortcpu_torch.nn µs | nn ÷ torch |", "|---|---|---|---|---|---|---|"]
+          "ortcpu_torch.nn µs | nn ÷ torch | wrapped ran (select) |",
+          "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         md.append(f"| {r['case']} | {r['torch_us']} | {r['wrapped_us']} | "
                   f"{r['wrapped_over_torch']} | {r['wrapped_extra_us']} | {r['plain_us']} | "
-                  f"{r['plain_over_torch']} |")
+                  f"{r['plain_over_torch']} | {r['wrapped_sides']} |")
     write_results("overhead", {"machine": info, "isa": isa, "threads": args.threads,
                                "clock": "thread_time" if args.cpu_time else "perf_counter",
                                "load": foreign, "rows": rows}, "\n".join(md) + "\n")
