@@ -220,3 +220,54 @@ def test_a_decided_signature_on_ours_falls_back_when_ours_rejects_the_call():
     lin = next(d for d in ortcpu_torch.report(model, file=None).modules if d["name"] == "0")
     assert lin["calls_ours"] == 2 and lin["calls_torch"] == 1
     assert any("weight must have the dtype of input" in r for r in lin["reasons"]), lin
+
+
+class _Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, scale: float = 1.0):
+        return torch.nn.functional.gelu(self.lin(x)) * scale
+
+
+def test_root_forward_attribute_survives_pickle_deepcopy_and_unwrap():
+    """The wrapped root runs its forward inside the kernel mode through an instance
+    ``forward`` attribute (no root hooks): the signature stays the class forward's,
+    copies and pickles keep routing, unwrap removes it."""
+    import inspect
+    import io
+
+    model = ortcpu_torch.wrap(_Net(), fallback="error", select="ours")
+    assert list(inspect.signature(model.forward).parameters) == ["x", "scale"]
+    assert not model._forward_pre_hooks and not model._forward_hooks
+    x = torch.randn(2, 4)
+    y = model(x, scale=2.0)
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    for m in (copy.deepcopy(model), torch.load(buf, weights_only=False)):
+        torch.testing.assert_close(m(x, scale=2.0), y)
+        funcs = {d["name"]: d for d in ortcpu_torch.report(m, file=None).functionals}
+        assert funcs["F.gelu"]["calls_ours"] >= 1  # routed in the copy too
+    depth = torch._C._len_torch_function_stack()
+    with pytest.raises(TypeError):
+        model(x, bogus=1)  # leaves the kernel mode on the way out
+    assert torch._C._len_torch_function_stack() == depth
+    ortcpu_torch.unwrap(model)
+    assert "forward" not in model.__dict__
+    torch.testing.assert_close(model(x, scale=2.0), y)
+
+
+def test_root_with_a_forward_attribute_of_its_own_is_wrapped_with_hooks():
+    model = _Net()
+    inner = model.forward
+    model.forward = lambda x: inner(x, scale=3.0)  # as some libraries patch forward
+    ortcpu_torch.wrap(model, fallback="error", select="ours")
+    x = torch.randn(2, 4)
+    model(x)
+    funcs = {d["name"]: d for d in ortcpu_torch.report(model, file=None).functionals}
+    assert funcs["F.gelu"]["calls_ours"] == 1
+    ortcpu_torch.unwrap(model)
+    assert not model._forward_pre_hooks and not model._forward_hooks
+    assert model.forward is not inner  # the user's attribute is kept

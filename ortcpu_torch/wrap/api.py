@@ -9,7 +9,7 @@ import torch
 from .detect import detect
 from .optimizer import convert_optimizer
 from .policy import INFO_ATTR, POLICIES, STATE_ATTR, FallbackError, State, Stats, matches
-from .routing import EnterHook, ExitHook
+from .routing import EnterHook, ExitHook, RootForward
 from .swap import (
     ScopeEnter,
     ScopeExit,
@@ -172,8 +172,11 @@ def wrap(model: torch.nn.Module, *, fallback: str = "warn", include=None, exclud
             if INFO_ATTR not in sub.__dict__:  # a swapped module runs ours anyway
                 add_scope(state, sub, True)
     object.__setattr__(model, STATE_ATTR, state)
-    model.register_forward_pre_hook(EnterHook(state))
-    model.register_forward_hook(ExitHook(state), always_call=True)
+    if "forward" not in model.__dict__:
+        model.__dict__["forward"] = RootForward(model, state)
+    else:  # a forward of its own (e.g. patched by another library): hooks around it
+        model.register_forward_pre_hook(EnterHook(state))
+        model.register_forward_hook(ExitHook(state), always_call=True)
     return model
 
 
@@ -191,6 +194,8 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     for m in model.modules():
         remove_hooks(m, (ScopeEnter, ScopeExit))
     remove_hooks(model, (EnterHook, ExitHook))
+    if isinstance(model.__dict__.get("forward"), RootForward):
+        del model.__dict__["forward"]
     if state is not None:
         del model.__dict__[STATE_ATTR]
     return model

@@ -269,6 +269,44 @@ class KernelMode(TorchFunctionMode):
         return report(self, file=file, timing=timing)
 
 
+class RootForward:
+    """The wrapped root's ``forward``, set as an instance attribute (picklable): the class's
+    forward inside the kernel mode. Cheaper than a forward pre-hook and an always-called
+    forward hook (those send every call of the root through ``Module._call_impl``'s hook
+    path). While torch.compile traces, the compile-time mode instead (``compiled.py``).
+    ``EnterHook``/``ExitHook`` do the same for a root that has a ``forward`` attribute of
+    its own."""
+
+    def __init__(self, module, state):
+        self.module, self.state = module, state
+
+    @property
+    def __wrapped__(self):  # inspect.signature(model.forward) reads the class's forward
+        return type(self.module).forward.__get__(self.module)
+
+    def __call__(self, *args, **kwargs):
+        module, state = self.module, self.state
+        forward = type(module).forward
+        if torch.compiler.is_compiling():
+            mode = state.compile_mode  # made at wrap time (see EnterHook)
+            if mode is None:
+                return forward(module, *args, **kwargs)
+            mode.__enter__()
+            try:
+                return forward(module, *args, **kwargs)
+            finally:
+                mode.__exit__(None, None, None)
+        mode = KernelMode(state)
+        torch._C._push_on_torch_function_stack(mode)  # mode.__enter__ without its layers
+        modes = state.modes
+        modes.append(mode)
+        try:
+            return forward(module, *args, **kwargs)
+        finally:
+            modes.pop()
+            torch._C._pop_torch_function_stack()
+
+
 class EnterHook:
     """Forward pre-hook on the root: enter the kernel mode (picklable). While
     torch.compile traces, the compile-time mode instead (``compiled.py``: our custom ops
