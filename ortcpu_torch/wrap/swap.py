@@ -65,6 +65,8 @@ _stack_len = torch._C._len_torch_function_stack
 _stack_at = torch._C._get_function_stack_at
 _is_tracing = torch._C._is_tracing
 _autocast = torch.is_autocast_enabled
+_strided = torch.strided
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 _SLOW = object()  # _fast_forward's "take the general path"
 
 
@@ -116,10 +118,15 @@ def _fast_forward(self, info: SwapInfo, state, stats, args, kwargs):
     where nothing may run ours), a ``_Fallback`` when ours rejected the call."""
     if _is_tracing() or _autocast("cpu"):  # context_reason, compiling excluded above
         return _SLOW
-    side = "ours" if state.select == "ours" else \
-        info.sides.get((self.training, call_key(args, kwargs)))
+    if state.select == "ours":
+        side = "ours"
+    else:
+        key = call_key(args, kwargs) if kwargs else _plain_key(args)
+        if key is None:
+            return _SLOW
+        side = info.sides.get((self.training, key))
     if side == "torch":
-        if call_args_reason(args, kwargs) is not None:
+        if kwargs and call_args_reason(args, kwargs) is not None:
             return _SLOW
         stats.chose_torch()
         orig = info.original
@@ -137,6 +144,18 @@ def _fast_forward(self, info: SwapInfo, state, stats, args, kwargs):
             return _Fallback(exc_reason(f"nn.{type(self).__mro__[1].__name__}", e))
     stats.ours += 1
     return out
+
+
+def _plain_key(args):
+    """``call_key(args, {})`` when every argument is a plain dense CPU tensor, else None:
+    the key and the checks of the common call in one pass (a key found in ``info.sides``
+    was stored by a call whose values passed every check, dtype included)."""
+    key = []
+    for a in args:
+        if type(a) not in _PLAIN_TYPES or not a.is_cpu or a.layout is not _strided:
+            return None
+        key.append((a.shape, a.dtype, a.requires_grad))
+    return tuple(key)
 
 
 def _general_forward(self, info: SwapInfo, state, stats, args, kwargs):
