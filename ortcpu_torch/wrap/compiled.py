@@ -1,6 +1,6 @@
 """``torch.compile`` of a wrapped model: our kernels inside the compiled graph.
 
-While Dynamo traces the wrapped model, the root's forward pre-hook enters
+While Dynamo traces the wrapped model, the root's forward wrapper (``RootForward``) enters
 ``CompiledKernelMode`` instead of the eager ``KernelMode``: a ``TorchFunctionMode`` that
 sends the supported functionals (``F.linear``, ``F.gelu``, ``F.layer_norm``,
 ``F.batch_norm``, ``F.conv2d``, ``F.cross_entropy``, ...) to the ``ortcpu::`` custom ops

@@ -1,11 +1,12 @@
 """Functional routing: while the wrapped model's ``forward`` runs, a
-``torch.overrides.TorchFunctionMode`` (entered by a forward pre-hook on the root module,
-left by an always-called forward hook) sends ``F.gelu``, ``torch.softmax``, ... to the
-``ortcpu_torch.ops`` function of the same name (looked up lazily, so an entry activates as
-soon as its kernel family exists), and counts every other torch function by the module
-class whose ``forward`` called it, so ``report()`` can say what ran on torch (a swapped
-module that ``select`` runs on torch runs its forward without this mode: cheaper,
-and counted on the module itself).
+``torch.overrides.TorchFunctionMode`` (entered and left around the root module's forward
+by ``RootForward``, an instance ``forward`` attribute; by a forward pre-hook and an
+always-called forward hook on a root with a ``forward`` attribute of its own) sends
+``F.gelu``, ``torch.softmax``, ... to the ``ortcpu_torch.ops`` function of the same name
+(looked up lazily, so an entry activates as soon as its kernel family exists), and counts
+every other torch function by the module class whose ``forward`` called it, so
+``report()`` can say what ran on torch (a swapped module that ``select`` runs on torch
+runs its forward without this mode: cheaper, and counted on the module itself).
 Standalone: ``with ortcpu_torch.kernels_enabled():``."""
 
 from __future__ import annotations
