@@ -253,6 +253,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         if rep * key.shape[-3] != query.shape[-3]:
             raise ValueError(f"{op}: query heads {query.shape[-3]} are not a multiple of key "
                              f"heads {key.shape[-3]}")
+        if attn_mask is None and dropout_p == 0.0:
+            from .attention import grouped
+
+            out = grouped(query, key, value, _scale(query, scale), is_causal, rep)
+            if out is not None:
+                return out
         if attn_mask is None:
             # the queries of the `rep` heads that share a key/value head, stacked along L
             # (head h reads key head h // rep): one GEMM per key head, no copies of key
@@ -266,6 +272,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     return _attention(query, key, value, scale, is_causal, 1, attn_mask, dropout_p, op)
 
 
+def _scale(query, scale) -> float:
+    return 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+
+
 def _attention(query, key, value, scale, is_causal: bool, blocks: int, attn_mask,
                dropout_p: float, op: str):
     """softmax(q·kᵀ·scale + mask)·v on checked arguments; with ``blocks`` > 1 the rows of
@@ -277,7 +287,13 @@ def _attention(query, key, value, scale, is_causal: bool, blocks: int, attn_mask
     if query.shape[:-2] != key.shape[:-2] or key.shape[:-2] != value.shape[:-2]:
         raise ValueError(f"{op}: batch dims differ: {list(query.shape)}, {list(key.shape)}, "
                          f"{list(value.shape)} (broadcast batch dims are not implemented)")
-    s = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    s = _scale(query, scale)
+    if dropout_p == 0.0 and blocks == 1:
+        from .attention import fused_attention
+
+        out = fused_attention(query, key, value, s, is_causal, attn_mask)
+        if out is not None:
+            return out
     # the scale on the query, the smaller operand: its backward pass reads [.., L, E],
     # not the [.., L, S] scores
     scores = matmul(query * s, key.transpose(-2, -1))
