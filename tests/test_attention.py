@@ -119,3 +119,21 @@ def test_bad_mask_shape_is_a_clear_error():
     q, k, v = _qkv((2, 2, 5, 4), (2, 2, 5, 4))
     with pytest.raises(ValueError, match="attn_mask"):
         ops.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(3, 5, dtype=torch.bool))
+
+
+def test_batched_matmul_reads_views_in_place_and_matches_torch():
+    """``q @ k.transpose(-2, -1)`` and ``p @ v`` on head-split views (the explicit
+    attention of hand-written transformers): values and float64 gradients vs torch;
+    int tensors still raise a clear error."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 5, 3 * 2 * 4, dtype=torch.float64, generator=g)
+    q, k, v = (t.view(2, 5, 2, 4).transpose(1, 2) for t in x.split(8, dim=-1))
+    for a, b in ((q, k.transpose(-2, -1)), (torch.randn(2, 2, 5, 5, dtype=torch.float64), v),
+                 (q[:, :, 1:], k.transpose(-2, -1)), (torch.randn(3, 0, 4), torch.randn(3, 4, 2))):
+        a, b = a.detach().requires_grad_(True), b.detach().requires_grad_(True)
+        y = ops.matmul(a, b)
+        torch.testing.assert_close(y, torch.matmul(a, b), rtol=1e-12, atol=1e-12)
+        if y.numel():
+            assert torch.autograd.gradcheck(ops.matmul, (a, b))
+    with pytest.raises(TypeError, match="float32 or float64"):
+        ops.matmul(torch.ones(2, 3, 3, dtype=torch.int64), torch.ones(2, 3, 3, dtype=torch.int64))

@@ -136,6 +136,9 @@ def addmm(input: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta=1
     return _Linear.apply(mat1, mat2, input.reshape(n), True, op)
 
 
+_FLOATS = (torch.float32, torch.float64)
+
+
 def _base(t: torch.Tensor, batch: int) -> tuple[torch.Tensor, bool]:
     """``(b, transposed)`` with ``b`` a contiguous ``[batch, *, *]`` tensor such that
     op(b[i]) is matrix i of ``t``; a transposed view of contiguous data is not copied."""
@@ -146,6 +149,28 @@ def _base(t: torch.Tensor, batch: int) -> tuple[torch.Tensor, bool]:
     if tt.is_contiguous():
         return tt.reshape(batch, c, r), True
     return t.contiguous().reshape(batch, r, c), False
+
+
+class _BatchedMatMul(torch.autograd.Function):
+    """``a [..., m, k] @ b [..., k, n]`` with equal batch dims, each operand read in place
+    where BLAS can (the head-split and transposed views attention code passes: no copies),
+    forward and backward (``dA = dY·Bᵀ``, ``dB = Aᵀ·dY`` on views of the saved operands)."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return KG.bmm_strided("matmul", a, b)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        a, b = ctx.saved_tensors
+        da = db = None
+        if ctx.needs_input_grad[0]:
+            da = KG.bmm_strided("matmul", dy, b.transpose(-2, -1))
+        if ctx.needs_input_grad[1]:
+            db = KG.bmm_strided("matmul", a.transpose(-2, -1), dy)
+        return da, db
 
 
 class _MatMul(torch.autograd.Function):
@@ -192,6 +217,8 @@ def matmul(input: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
                          f"implemented (needs [..., m, k] @ [k, n] or equal batch dims)")
     if input.shape[-1] != other.shape[-2]:
         raise ValueError(f"{op}: inner dims differ: {list(input.shape)} @ {list(other.shape)}")
+    if other.dim() > 2 and input.dtype == other.dtype and input.dtype in _FLOATS:
+        return _BatchedMatMul.apply(input, other)
     return _MatMul.apply(input, other)
 
 
