@@ -105,7 +105,12 @@ def test_bad_select():
 
 
 def test_decision_rule_ties_go_to_torch():
+    from ortcpu_torch.wrap.select import MIN_GAIN_S
+
     assert decide(1.0, 1.0) == "torch"
+    # a gain below the noise of a tiny call is a tie too
+    assert decide(0.5 * MIN_GAIN_S, 1.4 * MIN_GAIN_S) == "torch"
+    assert decide(0.5 * MIN_GAIN_S, 1.6 * MIN_GAIN_S) == "ours"
     assert decide(1.0 - MARGIN, 1.0) == "ours"
     assert decide(1.0 - MARGIN / 2, 1.0) == "torch"
     assert decide(2.0, 1.0) == "torch"

@@ -13,19 +13,21 @@
 - a dict ``{signature key: "ours" | "torch"}`` (``report(model).selection``): replays
   earlier choices (reproducible runs); a signature not in it is measured.
 
-How a choice is measured (``measure``), so that it comes out the same from run to run
-and on a loaded machine: the clock is the calling thread's CPU time, not wall time (a
-wall clock counts the time the OS gave other processes' threads, and on an oversubscribed
-machine a 2-thread OpenMP region waits for a descheduled worker: measured 44 ms instead
-of 0.1 ms for a LayerNorm); the forward and the whole backward run on the calling thread
-(CPU autograd) and our and torch's parallel regions keep it busy to their end, so its CPU
-time is the call's wall time on an idle machine. Each side runs in alternating blocks of
-repetitions (a block lasts about ``_BLOCK_S``), its time is the minimum over all runs
-(load only ever adds time), and a ratio within 2 x ``MARGIN`` of the decision line is measured
-again in more blocks. Ties go to torch: ours runs only where it measured at least ``MARGIN``
-faster, so a choice flips from run to run only for an op whose two sides lie close to
-that line, and the wrap never trades torch's op for one of ours that is not clearly
-faster.
+How a choice is measured (``measure``), so that it comes out the same from run to run:
+the clock is the calling thread's CPU time, not wall time (a wall clock counts the time
+the OS gave other processes, and on an oversubscribed machine a 2-thread OpenMP region
+waits for a descheduled worker: measured 44 ms instead of 0.1 ms for a LayerNorm); the
+forward and the whole backward run on the calling thread (CPU autograd) and our and
+torch's parallel regions keep it busy to their end, so its CPU time is the call's wall
+time on an idle machine. Each side runs in alternating blocks of repetitions (a block
+lasts about ``_BLOCK_S``), its time is the minimum over all runs (load only ever adds
+time), and a ratio within 2 x ``MARGIN`` of the decision line is measured again in more
+blocks. Ties go to torch: ours runs only where it measured at least ``MARGIN`` (and
+``MIN_GAIN_S``) faster, so a choice flips between runs only for an op whose two sides
+lie near that line, and the wrap never trades torch's op for one of ours that is not
+clearly faster. (What is left of load in this clock is OpenMP's spin-wait: a thread
+spinning at a barrier for a descheduled worker burns CPU time. With
+``OMP_WAIT_POLICY=PASSIVE`` the choices repeat even on a loaded machine.)
 
 Every choice, with both timings, is listed by ``report()``.
 """
@@ -38,8 +40,10 @@ import torch
 from torch.nn.utils.stateless import _reparametrize_module
 
 SELECT_MODES = ("fastest", "ours")
-#: ours runs where its time is below torch's by at least this fraction; ties go to torch
+#: ours runs where its time is below torch's by at least this fraction and by at least
+#: MIN_GAIN_S seconds (below that, the run-to-run noise of a call); ties go to torch
 MARGIN = 0.05
+MIN_GAIN_S = 10e-6
 _BLOCKS = 3  # alternating blocks per side; as many again when the ratio is near a tie
 _MIN_REPS, _MAX_REPS = 2, 25  # runs per block
 _BLOCK_S = 1.5e-3  # CPU seconds a block aims at (tiny calls get more runs)
@@ -113,8 +117,10 @@ def _time_once(fn, args, kwargs) -> float:
 
 
 def decide(ours_s: float, torch_s: float) -> str:
-    """The side of a measured pair: ours only if at least ``MARGIN`` faster than torch."""
-    return "ours" if ours_s <= torch_s * (1.0 - MARGIN) else "torch"
+    """The side of a measured pair: ours only if at least ``MARGIN`` and ``MIN_GAIN_S``
+    faster than torch."""
+    return "ours" if ours_s <= torch_s * (1.0 - MARGIN) and torch_s - ours_s >= MIN_GAIN_S \
+        else "torch"
 
 
 def _near_tie(ours_s: float, torch_s: float) -> bool:
