@@ -247,3 +247,24 @@ def test_nn_layernorm_rmsnorm_state_dict(dtype):
     ln = ot.nn.LayerNorm(6, elementwise_affine=False)
     assert list(ln.state_dict()) == []
     assert_close(ln(x.float()), F.layer_norm(x.float(), (6,)), **T32)
+
+
+def test_ops_bad_input_checked_once_per_signature_and_every_time_it_fails():
+    x = torch.randn(3, 4)
+    for _ in range(2):  # a failed check caches nothing: the second call raises too
+        with pytest.raises(TypeError, match="weight must have the dtype"):
+            ot.ops.layer_norm(x, (4,), torch.ones(4, dtype=torch.float64))
+        with pytest.raises(TypeError, match="input"):
+            ot.ops.layer_norm(x.long(), (4,))
+        with pytest.raises(ValueError, match="eps must be >= 0"):
+            ot.ops.rms_norm(x, (4,), torch.ones(4), -1.0)
+    w, b = torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)
+    xr = x.clone().requires_grad_(True)
+    for _ in range(2):  # the second call takes the checked-signature path
+        y = ot.ops.layer_norm(xr, [4], w, b, 1e-5)
+        assert_close(y, F.layer_norm(x, (4,), w, b, 1e-5), **T32)
+    # bias without weight: its gradient has the normalized shape
+    bb = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
+    x3 = torch.randn(5, 2, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, b: ot.ops.layer_norm(x, (2, 4), None, b),
+                                    (x3, bb))

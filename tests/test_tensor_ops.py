@@ -341,3 +341,21 @@ def test_empty_tensors():
                         torch.randn(2, 0)).shape == (3, 0)
     assert K.Slice(x, [0], [5]).shape == (0, 4)
     assert K.Concat(x, torch.randn(2, 4), axis=0).shape == (2, 4)
+
+
+def test_embedding_direct_kernel_path_edge_cases():
+    """int32 indices, a non-contiguous weight, empty and 0-d indices, a float index
+    tensor rejected by name; gradients vs torch."""
+    w = torch.randn(12, 6, dtype=torch.float64)[::2]  # non-contiguous rows
+    assert not w.is_contiguous()
+    for idx in (torch.tensor([[0, 5], [5, 2]], dtype=torch.int32), torch.tensor(3),
+                torch.zeros(0, 3, dtype=torch.int64)):
+        a, b = w.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        y, y_r = ops.embedding(idx, a), torch.nn.functional.embedding(idx, b)
+        torch.testing.assert_close(y, y_r, rtol=0, atol=0)
+        dy = torch.randn(y.shape, dtype=torch.float64)
+        y.backward(dy)
+        y_r.backward(dy)
+        torch.testing.assert_close(a.grad, b.grad)
+    with pytest.raises(TypeError, match="int32 or int64"):
+        ops.embedding(torch.tensor([0.0]), w)

@@ -13,6 +13,7 @@ from torch import nn
 
 import ortcpu_torch
 from ortcpu_torch import report, wrap
+from ortcpu_torch.wrap.select import MARGIN, decide
 
 
 @pytest.fixture(autouse=True)
@@ -33,7 +34,7 @@ def test_choices_are_measured_once_per_signature_and_reported():
     # 4 modules x 2 batch sizes
     assert len(rep.choices) == 8, rep.text
     for key, c in rep.choices.items():
-        assert c["side"] == ("ours" if c["ours_ms"] <= c["torch_ms"] else "torch"), key
+        assert c["side"] == decide(c["ours_ms"], c["torch_ms"]), key
     assert set(rep.selection.values()) <= {"ours", "torch"}
     assert "signatures measured" in rep.text
     calls = {d["name"]: d["calls_ours"] + d["calls_torch"] for d in rep.modules}
@@ -101,3 +102,50 @@ def test_bad_select():
         wrap(_net(), select="slowest")
     with pytest.raises(ValueError, match="'ours' or 'torch'"):
         wrap(_net(), select={"x": "gpu"})
+
+
+def test_decision_rule_ties_go_to_torch():
+    from ortcpu_torch.wrap.select import MIN_GAIN_S
+
+    assert decide(1.0, 1.0) == "torch"
+    # a gain below the noise of a tiny call is a tie too
+    assert decide(0.5 * MIN_GAIN_S, 1.4 * MIN_GAIN_S) == "torch"
+    assert decide(0.5 * MIN_GAIN_S, 1.6 * MIN_GAIN_S) == "ours"
+    assert decide(1.0 - MARGIN, 1.0) == "ours"
+    assert decide(1.0 - MARGIN / 2, 1.0) == "torch"
+    assert decide(2.0, 1.0) == "torch"
+    assert decide(0.1, 1.0) == "ours"
+
+
+def test_measurement_is_cpu_time_and_near_ties_are_measured_again(monkeypatch):
+    import time as _time
+
+    from ortcpu_torch.wrap import select as S
+
+    # the calling thread's CPU time: what other processes run on the machine is not counted
+    assert S._clock is _time.thread_time
+    # a fake clock, one tick per read: a run takes 2 ticks (forward, backward), one that
+    # reads the clock twice more 4
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(S, "_clock", lambda: next(ticks))
+    calls = {"ours": 0, "torch": 0}
+
+    def side(name, extra_ticks):
+        def run(x):
+            calls[name] += 1
+            for _ in range(extra_ticks):
+                next(ticks)
+            return x * 2
+        return run
+
+    x = torch.randn(8, requires_grad=True)
+    # the same cost on both sides: a tie, measured in twice the blocks, goes to torch
+    c = S.measure(side("ours", 0), side("torch", 0), (x,), {})
+    assert c["side"] == "torch" and c["ours_ms"] == c["torch_ms"], c
+    assert calls == {"ours": 1 + 2 * S._BLOCKS * S._MIN_REPS,
+                     "torch": 1 + 2 * S._BLOCKS * S._MIN_REPS}
+    # a clear difference is decided after the first blocks
+    calls.update(ours=0, torch=0)
+    c = S.measure(side("ours", 0), side("torch", 2), (x,), {})
+    assert c["side"] == "ours" and c["ours_ms"] * 2 == c["torch_ms"], c
+    assert calls["ours"] == 1 + S._BLOCKS * S._MIN_REPS

@@ -136,6 +136,9 @@ def addmm(input: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta=1
     return _Linear.apply(mat1, mat2, input.reshape(n), True, op)
 
 
+_FLOATS = (torch.float32, torch.float64)
+
+
 def _base(t: torch.Tensor, batch: int) -> tuple[torch.Tensor, bool]:
     """``(b, transposed)`` with ``b`` a contiguous ``[batch, *, *]`` tensor such that
     op(b[i]) is matrix i of ``t``; a transposed view of contiguous data is not copied."""
@@ -146,6 +149,28 @@ def _base(t: torch.Tensor, batch: int) -> tuple[torch.Tensor, bool]:
     if tt.is_contiguous():
         return tt.reshape(batch, c, r), True
     return t.contiguous().reshape(batch, r, c), False
+
+
+class _BatchedMatMul(torch.autograd.Function):
+    """``a [..., m, k] @ b [..., k, n]`` with equal batch dims, each operand read in place
+    where BLAS can (the head-split and transposed views attention code passes: no copies),
+    forward and backward (``dA = dY·Bᵀ``, ``dB = Aᵀ·dY`` on views of the saved operands)."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return KG.bmm_strided("matmul", a, b)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        a, b = ctx.saved_tensors
+        da = db = None
+        if ctx.needs_input_grad[0]:
+            da = KG.bmm_strided("matmul", dy, b.transpose(-2, -1))
+        if ctx.needs_input_grad[1]:
+            db = KG.bmm_strided("matmul", a.transpose(-2, -1), dy)
+        return da, db
 
 
 class _MatMul(torch.autograd.Function):
@@ -192,6 +217,8 @@ def matmul(input: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
                          f"implemented (needs [..., m, k] @ [k, n] or equal batch dims)")
     if input.shape[-1] != other.shape[-2]:
         raise ValueError(f"{op}: inner dims differ: {list(input.shape)} @ {list(other.shape)}")
+    if other.dim() > 2 and input.dtype == other.dtype and input.dtype in _FLOATS:
+        return _BatchedMatMul.apply(input, other)
     return _MatMul.apply(input, other)
 
 
@@ -253,6 +280,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         if rep * key.shape[-3] != query.shape[-3]:
             raise ValueError(f"{op}: query heads {query.shape[-3]} are not a multiple of key "
                              f"heads {key.shape[-3]}")
+        if attn_mask is None and dropout_p == 0.0:
+            from .attention import grouped
+
+            out = grouped(query, key, value, _scale(query, scale), is_causal, rep)
+            if out is not None:
+                return out
         if attn_mask is None:
             # the queries of the `rep` heads that share a key/value head, stacked along L
             # (head h reads key head h // rep): one GEMM per key head, no copies of key
@@ -266,6 +299,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     return _attention(query, key, value, scale, is_causal, 1, attn_mask, dropout_p, op)
 
 
+def _scale(query, scale) -> float:
+    return 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+
+
 def _attention(query, key, value, scale, is_causal: bool, blocks: int, attn_mask,
                dropout_p: float, op: str):
     """softmax(q·kᵀ·scale + mask)·v on checked arguments; with ``blocks`` > 1 the rows of
@@ -277,7 +314,13 @@ def _attention(query, key, value, scale, is_causal: bool, blocks: int, attn_mask
     if query.shape[:-2] != key.shape[:-2] or key.shape[:-2] != value.shape[:-2]:
         raise ValueError(f"{op}: batch dims differ: {list(query.shape)}, {list(key.shape)}, "
                          f"{list(value.shape)} (broadcast batch dims are not implemented)")
-    s = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    s = _scale(query, scale)
+    if dropout_p == 0.0 and blocks == 1:
+        from .attention import fused_attention
+
+        out = fused_attention(query, key, value, s, is_causal, attn_mask)
+        if out is not None:
+            return out
     # the scale on the query, the smaller operand: its backward pass reads [.., L, E],
     # not the [.., L, S] scores
     scores = matmul(query * s, key.transpose(-2, -1))

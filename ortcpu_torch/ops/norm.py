@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels import norm as K
+from .._native import empty_like, native_fn, ptr
+from ..kernels._checks import (
+    SignatureCache,
+    check_status,
+    checked_signature,
+    float_attr,
+    float_check,
+    get_num_threads,
+    same_dtype,
+)
 from .activations import once_differentiable
 
 
@@ -29,14 +38,28 @@ def _param(op: str, name: str, t, shp):
     return t
 
 
+def _contig(t):
+    return t if t is None or t.is_contiguous() else t.contiguous()
+
+
 class _LayerNorm(torch.autograd.Function):
+    """The arguments were checked by the caller (once per signature): the kernels are
+    called directly, on contiguous data, without the registry's per-call checks."""
+
     @staticmethod
     def forward(ctx, x, weight, bias, ndim: int, eps: float, simplified: bool, op: str):
-        x = K.float_input(op, "input", x)
-        y, mean, inv = K.layernorm_forward(op, x, weight, bias, eps, -ndim, simplified,
-                                           names=("input", "weight", "bias"))
+        x, weight, bias = _contig(x), _contig(weight), _contig(bias)
+        cols = x.shape[x.dim() - ndim:].numel()
+        rows = x.numel() // cols if cols else x.shape[:x.dim() - ndim].numel()
+        y = empty_like(x)
+        mean = None if simplified else torch.empty(rows, dtype=x.dtype)
+        inv = torch.empty(rows, dtype=x.dtype)
+        st = native_fn("layernorm_forward", x.dtype)(
+            ptr(x), ptr(weight), ptr(bias), ptr(y), ptr(mean), ptr(inv), rows, cols, eps,
+            int(simplified), get_num_threads())
+        check_status(st, op)
         ctx.save_for_backward(x, weight, mean, inv)
-        ctx.ndim, ctx.simplified, ctx.op = ndim, simplified, op
+        ctx.rows, ctx.cols, ctx.ndim, ctx.simplified, ctx.op = rows, cols, ndim, simplified, op
         ctx.has_bias = bias is not None
         return y
 
@@ -46,14 +69,46 @@ class _LayerNorm(torch.autograd.Function):
         x, weight, mean, inv = ctx.saved_tensors
         need_w = weight is not None and ctx.needs_input_grad[1]
         need_b = ctx.has_bias and ctx.needs_input_grad[2]
-        dx, dw, db = K.layernorm_backward(
-            ctx.op, dy, x, weight, None, mean, inv, 1 if ctx.simplified else 0, -ctx.ndim,
-            need_dscale=need_w, need_dbias=need_b, names=("grad_output", "input"))
+        dy = _contig(dy)  # autograd hands it in the output's shape and dtype
+        cols = ctx.cols
+        dx = empty_like(x)
+        dw = torch.empty(cols, dtype=x.dtype) if need_w else None
+        db = torch.empty(cols, dtype=x.dtype) if need_b else None
+        st = native_fn("layernorm_backward", x.dtype)(
+            ptr(dy), ptr(x), ptr(weight), ptr(None), ptr(mean), ptr(inv), ptr(dx), ptr(dw),
+            ptr(db), ctx.rows, cols, 1 if ctx.simplified else 0, get_num_threads())
+        check_status(st, ctx.op)
         if dw is not None:
-            dw = dw.view(weight.shape)
+            dw = dw.view(x.shape[x.dim() - ctx.ndim:])
         if db is not None:
-            db = db.view(weight.shape if weight is not None else x.shape[x.dim() - ctx.ndim:])
+            db = db.view(x.shape[x.dim() - ctx.ndim:])
         return dx, dw, db, None, None, None, None
+
+
+_CHECKED = SignatureCache()
+
+
+def _checked(op: str, input, normalized_shape, weight, bias, eps) -> int:
+    """The number of normalized dims, after the argument checks (run once per signature:
+    tensor kinds and shapes, ``normalized_shape``, ``eps``)."""
+    shp = (normalized_shape,) if isinstance(normalized_shape, int) else normalized_shape
+    key = checked_signature(op, input, weight, bias, eps, *shp) \
+        if isinstance(shp, (tuple, list, torch.Size)) else None
+    if key in _CHECKED:
+        return len(shp)
+    shp = _shape(op, input, normalized_shape)
+    _param(op, "weight", weight, shp)
+    _param(op, "bias", bias, shp)
+    float_check(op, "input", input)
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None:
+            float_check(op, name, t)
+            same_dtype(op, "input", input, name, t)
+    e = float_attr(op, "eps", eps)
+    if not e >= 0:
+        raise ValueError(f"{op}: eps must be >= 0, got {e}")
+    _CHECKED.add(key)
+    return len(shp)
 
 
 def layer_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
@@ -61,10 +116,8 @@ def layer_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | Non
     """Like ``torch.nn.functional.layer_norm``; backward is ORT's LayerNormalizationGrad
     (one fused pass for dX, dweight and dbias)."""
     op = "layer_norm"
-    shp = _shape(op, input, normalized_shape)
-    _param(op, "weight", weight, shp)
-    _param(op, "bias", bias, shp)
-    return _LayerNorm.apply(input, weight, bias, len(shp), eps, False, op)
+    nd = _checked(op, input, normalized_shape, weight, bias, eps)
+    return _LayerNorm.apply(input, weight, bias, nd, float(eps), False, op)
 
 
 def rms_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
@@ -72,8 +125,9 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | None 
     """Like ``torch.nn.functional.rms_norm`` (``eps=None``: ``torch.finfo(input.dtype).eps``);
     ORT SimplifiedLayerNormalization(Grad), float32 and float64."""
     op = "rms_norm"
-    shp = _shape(op, input, normalized_shape)
-    _param(op, "weight", weight, shp)
     if eps is None:
+        if not isinstance(input, torch.Tensor):
+            raise TypeError(f"{op}: input must be a torch.Tensor, got {type(input).__name__}")
         eps = torch.finfo(input.dtype).eps if input.dtype.is_floating_point else 0.0
-    return _LayerNorm.apply(input, weight, None, len(shp), eps, True, op)
+    nd = _checked(op, input, normalized_shape, weight, None, eps)
+    return _LayerNorm.apply(input, weight, None, nd, float(eps), True, op)

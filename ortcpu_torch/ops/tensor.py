@@ -5,15 +5,33 @@ from __future__ import annotations
 
 import torch
 
+from .._native import empty, ffi, native_fn
 from ..kernels import tensor as K
-from ..kernels._checks import bool_arg
+from ..kernels._checks import bool_arg, check_status, get_num_threads
 from .activations import once_differentiable
 
 
+def _fp(t: torch.Tensor):
+    return ffi.cast("float *" if t.dtype == torch.float32 else "double *", t.data_ptr())
+
+
 class _Embedding(torch.autograd.Function):
+    """Rows of ``weight`` picked by ``indices`` (contiguous int64, range-checked by the
+    caller); float weights call the row gather / scatter-add kernels directly, other
+    dtypes take the registry's Gather."""
+
     @staticmethod
     def forward(ctx, indices, weight, padding_idx):
-        y = K.Gather(weight, indices, axis=0)
+        if weight.dtype in (torch.float32, torch.float64):
+            w = weight if weight.is_contiguous() else weight.contiguous()
+            n, d = w.shape
+            y = empty((*indices.shape, d), w.dtype)
+            st = native_fn("gather_rows", w.dtype)(
+                _fp(w), ffi.cast("int64_t *", indices.data_ptr()), _fp(y), 1, n,
+                indices.numel(), d, get_num_threads())
+            check_status(st, "embedding")
+        else:
+            y = K.Gather(weight, indices, axis=0)
         ctx.save_for_backward(indices)
         ctx.shape = tuple(weight.shape)
         ctx.padding_idx = padding_idx
@@ -25,7 +43,13 @@ class _Embedding(torch.autograd.Function):
         (indices,) = ctx.saved_tensors
         if not ctx.needs_input_grad[1]:
             return None, None, None
-        dw = K.GatherGrad(list(ctx.shape), indices, dy.contiguous(), axis=0)
+        dy = dy if dy.is_contiguous() else dy.contiguous()
+        n, d = ctx.shape
+        dw = empty((n, d), dy.dtype)
+        st = native_fn("scatter_add_rows", dy.dtype)(
+            _fp(dy), ffi.cast("int64_t *", indices.data_ptr()), _fp(dw), 1, n,
+            indices.numel(), d, get_num_threads())
+        check_status(st, "embedding")
         if ctx.padding_idx is not None:
             dw[ctx.padding_idx].zero_()
         return None, dw, None
@@ -58,17 +82,28 @@ def embedding(input: torch.Tensor, weight: torch.Tensor, padding_idx: int | None
             raise ValueError(f"embedding: padding_idx must be an int in [{-n}, {n - 1}], "
                              f"got {padding_idx!r}")
         padding_idx %= n
-    _check_rows(input, n)
-    return _Embedding.apply(input, weight, padding_idx)
+    if input.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"embedding: input must be int32 or int64 indices, got "
+                        f"{str(input.dtype).replace('torch.', '')}")
+    if input.device.type != "cpu" or weight.device.type != "cpu":
+        raise TypeError("embedding: input and weight must be CPU tensors")
+    if weight.dtype.is_complex or weight.element_size() not in (4, 8) or \
+            weight.layout is not torch.strided:
+        raise TypeError(f"embedding: weight dtype {weight.dtype} is not supported "
+                        "(float32/float64 or another 4- or 8-byte type)")
+    idx = input.to(torch.int64).contiguous()
+    _check_rows(idx, n)
+    return _Embedding.apply(idx, weight, padding_idx)
 
 
 def _check_rows(indices: torch.Tensor, n: int) -> None:
     """IndexError naming the first index outside [0, n) and its position (torch:
-    "index out of range in self"); dtype errors are left to Gather."""
-    if indices.numel() == 0 or indices.dtype not in (torch.int32, torch.int64):
+    "index out of range in self"). One min/max pass in the common, valid case."""
+    if indices.numel() == 0:
         return
-    bad = (indices < 0) | (indices >= n)
-    if bool(bad.any()):
+    lo, hi = torch.aminmax(indices)
+    if int(lo) < 0 or int(hi) >= n:
+        bad = (indices < 0) | (indices >= n)
         flat = int(torch.nonzero(bad.reshape(-1))[0, 0])
         pos = tuple(int(p) for p in torch.unravel_index(torch.tensor(flat), indices.shape)) \
             if indices.dim() else ()

@@ -53,10 +53,12 @@ def wrap(model: torch.nn.Module, *, fallback: str = "warn", include=None, exclud
     A functional called outside excluded/included modules is routed by its own name.
 
     ``select``: which side runs each supported call. ``"fastest"`` (default): the first
-    call with a new input signature times ours and torch's (forward+backward, on copies:
-    nothing of the model changes) and the faster runs from then on, so the wrap never
-    makes an op slower (ours trails on tiny tensors, where a Python autograd.Function's
-    fixed cost dominates, and leads on large ones). ``"ours"``: always ours.
+    call with a new input signature times ours and torch's (forward+backward CPU time of
+    the calling thread, on copies: nothing of the model changes) and ours runs from then
+    on only where it measured at least ``select.MARGIN`` (5%) faster, so the wrap never
+    makes an op slower and ties go to torch, the same way in every run (ours trails on
+    tiny tensors, where a Python autograd.Function's fixed cost dominates, and leads on
+    large ones). ``"ours"``: always ours.
     ``report(model).selection``, passed back as ``select=``, replays the choices.
 
     ``timing``: also measure the forward and backward time spent on ours and on torch

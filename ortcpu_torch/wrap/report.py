@@ -174,7 +174,7 @@ def report(model, file="stdout", timing: bool = False) -> Report:
     if state.choices:
         n_t = sum(c["side"] == "torch" for c in state.choices.values())
         lines.append(f"select={state.select!r}: {len(state.choices)} signatures measured, "
-                     f"{n_t} run on torch (forward+backward ms ours / torch):")
+                     f"{n_t} run on torch (forward+backward CPU ms ours / torch):")
         for k, c in state.choices.items():
             ms = "given" if c["ours_ms"] is None else f"{c['ours_ms']:.3f} / {c['torch_ms']:.3f}"
             lines.append(f"  {c['side']:<5} {ms:<18} {k}")

@@ -4,14 +4,30 @@
   inputs need a gradient, scalar arguments, the module's training flag), the first call
   times a forward+backward of ours and of torch's on copies of the inputs (parameters
   and buffers copied too: no running statistics move, no gradient accumulates, the RNG
-  state is restored), alternating, and the faster side runs every later call with that
-  signature. Ours loses on tiny tensors (a Python autograd.Function's fixed cost of tens
-  of microseconds) and wins on large ones (arena memory, fused kernels), so no single
-  side is right for a whole model: this keeps the wrap from making any op slower.
+  state is restored) and keeps the faster side for every later call with that signature.
+  Ours loses on tiny tensors (a Python autograd.Function's fixed cost of tens of
+  microseconds) and wins on large ones (arena memory, fused kernels), so no single side
+  is right for a whole model: this keeps the wrap from making any op slower.
 - ``"ours"``: every supported call runs on our kernels (deterministic placement; what
   the tests of our kernels use).
 - a dict ``{signature key: "ours" | "torch"}`` (``report(model).selection``): replays
   earlier choices (reproducible runs); a signature not in it is measured.
+
+How a choice is measured (``measure``), so that it comes out the same from run to run:
+the clock is the calling thread's CPU time, not wall time (a wall clock counts the time
+the OS gave other processes, and on an oversubscribed machine a 2-thread OpenMP region
+waits for a descheduled worker: measured 44 ms instead of 0.1 ms for a LayerNorm); the
+forward and the whole backward run on the calling thread (CPU autograd) and our and
+torch's parallel regions keep it busy to their end, so its CPU time is the call's wall
+time on an idle machine. Each side runs in alternating blocks of repetitions (a block
+lasts about ``_BLOCK_S``), its time is the minimum over all runs (load only ever adds
+time), and a ratio within 2 x ``MARGIN`` of the decision line is measured again in more
+blocks. Ties go to torch: ours runs only where it measured at least ``MARGIN`` (and
+``MIN_GAIN_S``) faster, so a choice flips between runs only for an op whose two sides
+lie near that line, and the wrap never trades torch's op for one of ours that is not
+clearly faster. (What is left of load in this clock is OpenMP's spin-wait: a thread
+spinning at a barrier for a descheduled worker burns CPU time. With
+``OMP_WAIT_POLICY=PASSIVE`` the choices repeat even on a loaded machine.)
 
 Every choice, with both timings, is listed by ``report()``.
 """
@@ -24,9 +40,13 @@ import torch
 from torch.nn.utils.stateless import _reparametrize_module
 
 SELECT_MODES = ("fastest", "ours")
-_REPS = 2  # runs per side and block, at least
-_MAX_REPS = 10
-_BLOCK_S = 2e-3
+#: ours runs where its time is below torch's by at least this fraction and by at least
+#: MIN_GAIN_S seconds (below that, the run-to-run noise of a call); ties go to torch
+MARGIN = 0.05
+MIN_GAIN_S = 10e-6
+_BLOCKS = 3  # alternating blocks per side; as many again when the ratio is near a tie
+_MIN_REPS, _MAX_REPS = 2, 25  # runs per block
+_BLOCK_S = 1.5e-3  # CPU seconds a block aims at (tiny calls get more runs)
 
 
 def check_select(select):
@@ -74,54 +94,89 @@ def _outputs(out):
     return []
 
 
+_clock = time.thread_time
+
+
 def _time_once(fn, args, kwargs) -> float:
+    """One forward+backward of ``fn`` on copies of the arguments; the copies (and a module
+    runner's copies of its parameters, ``fn.prepare``) and the output gradients are made
+    off the clock."""
     a, k = _copy(args), {n: _copy(v) for n, v in kwargs.items()}
-    t0 = time.perf_counter()
+    prepare = getattr(fn, "prepare", None)
+    if prepare is not None:
+        prepare()
+    t0 = _clock()
     outs = _outputs(fn(*a, **k))
+    t = _clock() - t0
     if outs:
-        torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
-    return time.perf_counter() - t0
+        grads = [torch.ones_like(o) for o in outs]
+        t0 = _clock()
+        torch.autograd.backward(outs, grads)
+        t += _clock() - t0
+    return t
+
+
+def decide(ours_s: float, torch_s: float) -> str:
+    """The side of a measured pair: ours only if at least ``MARGIN`` and ``MIN_GAIN_S``
+    faster than torch."""
+    return "ours" if ours_s <= torch_s * (1.0 - MARGIN) and torch_s - ours_s >= MIN_GAIN_S \
+        else "torch"
+
+
+def _near_tie(ours_s: float, torch_s: float) -> bool:
+    """Whether the ratio ours/torch lies within 2 x ``MARGIN`` of the decision line."""
+    return abs(ours_s - torch_s * (1.0 - MARGIN)) <= 2 * MARGIN * torch_s
 
 
 def measure(run_ours, run_torch, args, kwargs) -> dict:
-    """Forward+backward time of each side on copies of the inputs: the best of a few runs
-    (the fastest run is what the side can do; slower ones were slowed by whatever else the
-    machine ran), in two blocks per side, ours-torch-ours-torch (a block, not call by
-    call: alternating call by call would charge each side the other's OpenMP threads still
-    spinning; two blocks, so a burst of load elsewhere does not decide alone). The first
-    run of each side is a warm-up; calls that take microseconds, where the per-call cost
-    is what is decided, get more runs (up to ``_MAX_REPS`` per block, about
-    ``_BLOCK_S`` of time). Ours raising (a configuration it does not take) counts as ours,
-    so the normal path reports the fallback."""
+    """Forward+backward CPU time of each side on copies of the inputs (see the module
+    docstring): one warm-up run per side, then ``_BLOCKS`` blocks per side, alternating
+    (ours-torch-ours-torch...; blocks, not single calls, so that one side's leftover
+    OpenMP spinning is not charged to the other call by call), as many blocks again when
+    the ratio is within 2 x ``MARGIN`` of the decision line; each side's time is its fastest
+    run. Ours raising (a configuration it does not take) counts as ours, so the normal
+    path reports the fallback."""
     rng = torch.get_rng_state()
     sides = (("ours", run_ours), ("torch", run_torch))
     try:
         first = {side: _time_once(fn, args, kwargs) for side, fn in sides}  # warm-up
-        reps = max(_REPS, min(_MAX_REPS, int(_BLOCK_S / max(max(first.values()), 1e-9))))
-        times = {side: [] for side, _ in sides}
-        for _ in range(2):
-            for side, fn in sides:
-                times[side] += [_time_once(fn, args, kwargs) for _ in range(reps)]
+        reps = max(_MIN_REPS, min(_MAX_REPS, int(_BLOCK_S / max(max(first.values()), 1e-7))))
+        best = dict.fromkeys(first, float("inf"))
+        for blocks in (_BLOCKS, _BLOCKS):
+            for _ in range(blocks):
+                for side, fn in sides:
+                    best[side] = min(best[side],
+                                     *(_time_once(fn, args, kwargs) for _ in range(reps)))
+            if not _near_tie(best["ours"], best["torch"]):
+                break
     except (TypeError, ValueError, RuntimeError):
         return {"side": "ours", "ours_ms": None, "torch_ms": None}
     finally:
         torch.set_rng_state(rng)
-    o, t = min(times["ours"]), min(times["torch"])
-    return {"side": "ours" if o <= t else "torch", "ours_ms": o * 1e3, "torch_ms": t * 1e3}
+    o, t = best["ours"], best["torch"]
+    return {"side": decide(o, t), "ours_ms": o * 1e3, "torch_ms": t * 1e3}
 
 
 def module_runner(module, forward, before=None):
     """``forward(module, *args)`` with the module's parameters and buffers replaced by
-    copies (nothing of the real module is changed, no hooks fire); ``before()`` first."""
+    copies (nothing of the real module is changed, no hooks fire); ``before()`` first.
+    ``run.prepare()`` makes the copies for the next call (off ``measure``'s clock)."""
+    pending = []
+
+    def prepare():
+        state = {n: _copy(t) for n, t in module.named_parameters()}
+        state.update({n: _copy(t) for n, t in module.named_buffers()})
+        pending.append(state)
 
     def run(*args, **kwargs):
         if before is not None:
             before()
-        state = {n: _copy(t) for n, t in module.named_parameters()}
-        state.update({n: _copy(t) for n, t in module.named_buffers()})
-        with _reparametrize_module(module, state):
+        if not pending:
+            prepare()
+        with _reparametrize_module(module, pending.pop()):
             return forward(module, *args, **kwargs)
 
+    run.prepare = prepare
     return run
 
 
