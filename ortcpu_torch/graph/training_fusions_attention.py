@@ -19,13 +19,9 @@ Concat along the last axis) were copied once more each.
 
 from __future__ import annotations
 
-import itertools
-
 from onnx import helper
 
 from .training_rewrite import DOMAIN, Rewrite, is_onnx, node_attrs
-
-_names = itertools.count()
 
 
 def _perm(node) -> list[int]:
@@ -88,7 +84,7 @@ def batched_matmul_4d(g: Rewrite) -> None:
         for x, t, e in ((xa, ta, ea), (xb, tb, eb)):
             if t:
                 if x not in made:
-                    made[x] = f"{x}_swap_last2_{next(_names)}"
+                    made[x] = f"{x}_swap_last2"
                     g.shapes[made[x]] = e
                     new.append(helper.make_node("Transpose", [x], [made[x]],
                                                 name=made[x], perm=[0, 1, 3, 2]))
