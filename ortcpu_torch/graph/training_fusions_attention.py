@@ -177,8 +177,20 @@ _VIEW_OPS = {"Reshape", "Expand", "Identity", "Transpose", "Flatten", "Squeeze",
              "Constant", "Shape"}
 
 
+def _subgraph_reads(nodes) -> set[str]:
+    """Every value the subgraphs (If / Loop / Scan bodies) of ``nodes`` read, outer-scope
+    values included."""
+    reads: set[str] = set()
+    for n in nodes:
+        for a in n.attribute:
+            for sub in [a.g] if a.HasField("g") else list(a.graphs):
+                reads.update(i for m in sub.node for i in m.input if i)
+                reads |= _subgraph_reads(sub.node)
+    return reads
+
+
 def dead_views(g: Rewrite) -> None:
-    needed = set(g.outputs)
+    needed = set(g.outputs) | _subgraph_reads(g.nodes)
     for n in reversed(g.nodes):
         if n.domain in ("", "ai.onnx") and n.op_type in _VIEW_OPS and \
                 not any(o in needed for o in n.output if o):

@@ -385,3 +385,26 @@ def test_bmm_strided_writes_side_by_side_heads_and_rejects_overlapping_outputs()
     overlapping = torch.empty(2, 5, 10).as_strided((2, 3, 5, 6), (50, 2, 10, 1))
     with pytest.raises(RuntimeError, match="overlap"):
         bmm_strided("test", a, b, out=overlapping)
+
+
+def test_dead_views_keeps_values_read_only_inside_a_subgraph():
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+
+    from ortcpu_torch.graph import training_fusions_attention as att
+    from ortcpu_torch.graph.training_rewrite import Rewrite
+
+    then = h.make_graph([h.make_node("Identity", ["t"], ["y_then"])], "then", [],
+                        [h.make_tensor_value_info("y_then", TP.FLOAT, [2])])
+    other = h.make_graph([h.make_node("Identity", ["x"], ["y_else"])], "else", [],
+                         [h.make_tensor_value_info("y_else", TP.FLOAT, [2])])
+    nodes = [h.make_node("Transpose", ["x"], ["t"], perm=[0]),
+             h.make_node("Transpose", ["x"], ["unread"], perm=[0]),
+             h.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TP.FLOAT, [2]),
+                                      h.make_tensor_value_info("c", TP.BOOL, [])],
+                         [h.make_tensor_value_info("y", TP.FLOAT, [2])])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    g = Rewrite(model, {})
+    att.dead_views(g)
+    assert [n.output[0] for n in g.result().graph.node] == ["t", "y"]
