@@ -33,7 +33,9 @@ from .train_step import CASES, build  # noqa: E402
 GEMM_NODES = {"MatMul", "Gemm", "FusedMatMul", "FusedGemm", "Conv", "ConvGrad", "LSTMTraining",
               "LSTMGrad", "GRUTraining", "GRUGrad",
               # graph/training_fusions.py's LSTM in torch's gate order
-              "LSTMTorchGatesTraining", "LSTMTorchGatesGrad"}
+              "LSTMTorchGatesTraining", "LSTMTorchGatesGrad",
+              # graph/training_fusions_attention.py: batched GEMMs into merged heads
+              "MatMulMergeHeads"}
 TORCH_GEMM = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul",
               "aten::linear", "aten::mkldnn_convolution", "aten::convolution_backward",
               "aten::_convolution", "aten::mkldnn_rnn_layer", "aten::mkldnn_rnn_layer_backward"}

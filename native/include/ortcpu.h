@@ -540,6 +540,21 @@ int ortcpu_maxpool2x2_backward_f32(const float *dy, const uint8_t *code, float *
                                    const int64_t *geom, int nthreads);
 int ortcpu_maxpool2x2_backward_f64(const double *dy, const uint8_t *code, double *dx,
                                    const int64_t *geom, int nthreads);
+/* GELU (approximate 0 = erf, 1 = tanh) then a 2x2 stride-2 max pool over x [planes, h, w]
+ * (h, w >= 2; floor): y and the 1-byte code (row*2 + col, maxpool2x2's rule) are
+ * [planes, h/2, w/2]; the backward writes all of dx: dy * gelu'(x) at each code, else 0
+ * (native/src/gelu_pool.inc; graph training fusions). */
+int ortcpu_gelu_maxpool2x2_forward_f32(const float *x, float *y, uint8_t *code, int64_t planes,
+                                       int64_t h, int64_t w, int approximate, int nthreads);
+int ortcpu_gelu_maxpool2x2_forward_f64(const double *x, double *y, uint8_t *code,
+                                       int64_t planes, int64_t h, int64_t w, int approximate,
+                                       int nthreads);
+int ortcpu_gelu_maxpool2x2_backward_f32(const float *dy, const float *x, const uint8_t *code,
+                                        float *dx, int64_t planes, int64_t h, int64_t w,
+                                        int approximate, int nthreads);
+int ortcpu_gelu_maxpool2x2_backward_f64(const double *dy, const double *x, const uint8_t *code,
+                                        double *dx, int64_t planes, int64_t h, int64_t w,
+                                        int approximate, int nthreads);
 /* 1-D / 2-D max pool with a 1-byte argmax code per window (kh * kW + kw), dilation 1, at
  * most 256 taps, pads smaller than the kernel; backward writes all of dx. */
 int ortcpu_maxpool_code_forward_f32(const float *x, float *y, uint8_t *code,

@@ -2,7 +2,8 @@
 (BatchNormInternal, BatchNormalizationGrad, ConvGrad), and the private ops of
 ``training_fusions`` (MaxPool2x2Train, MaxPool2x2TrainGrad, MaskedScaledSoftmax,
 MaskedScaledSoftmaxGrad, LSTMTorchGatesTraining, LSTMTorchGatesGrad,
-BiasGeluGradWithBiasGrad, SplitView).
+BiasGeluGradWithBiasGrad, SplitView, MatMulMergeHeads, GeluMaxPool2x2Train,
+GeluMaxPool2x2TrainGrad).
 
 When the planner knows the node's input shapes and float dtype, the arguments are checked
 once, here, when the plan is built (the same checks the registry kernel makes per call),
@@ -16,13 +17,14 @@ from __future__ import annotations
 
 import torch
 
-from .._native import ffi, native_fn, ptr
+from .._native import empty, ffi, native_fn, ptr
 from ..kernels import activations as kact
 from ..kernels import batchnorm as bn
 from ..kernels import conv as kconv
 from ..kernels import pool as kpool
 from ..kernels import rnn as krnn
 from ..kernels._checks import check_status, get_num_threads
+from ..kernels.gemm import bmm_strided
 from .op_table import MS_DOMAIN, ONNX_DOMAIN, op
 from .training_fusions import DOMAIN as TRAINING_DOMAIN
 
@@ -168,6 +170,57 @@ def _maxpool_2x2_grad(ctx):
             raise ValueError(f"MaxPool2x2TrainGrad: dY and the code must have shape "
                              f"{list(y_shape)}, got {list(dy.shape)} and {list(code.shape)}")
         return kpool.maxpool2x2_backward("MaxPoolGrad", dy.contiguous(), code, x_shape, geom)
+    return run
+
+
+def _gelu_pool_planes(op: str, x: torch.Tensor) -> tuple[int, int, int]:
+    """(planes, h, w) of a float [N, C, H, W] input with H, W >= 2, or ValueError."""
+    if x.dtype not in FLOATS or x.dim() != 4 or x.shape[2] < 2 or x.shape[3] < 2:
+        raise ValueError(f"{op}: X must be a float32/float64 [N, C, H, W] tensor with H, W "
+                         f">= 2, got {x.dtype} {list(x.shape)}")
+    return x.shape[0] * x.shape[1], x.shape[2], x.shape[3]
+
+
+@op("GeluMaxPool2x2Train", domain=TRAINING_DOMAIN, kind="kernel")
+def _gelu_maxpool_2x2(ctx):
+    """(Y, 1-byte argmax code) of MaxPool 2x2 / stride 2 over Gelu(X) (``approximate`` 1:
+    the tanh form), the GELU output not stored (training_fusions.py)."""
+    op_name, approximate = "GeluMaxPool2x2Train", int(ctx.attr("approximate", 0))
+
+    def run(x):
+        x = x.contiguous()
+        planes, h, w = _gelu_pool_planes(op_name, x)
+        y = empty((x.shape[0], x.shape[1], h // 2, w // 2), x.dtype)
+        code = torch.empty(y.shape, dtype=torch.uint8)
+        st = native_fn("gelu_maxpool2x2_forward", x.dtype)(
+            ptr(x), ptr(y), _mask_ptr(code), planes, h, w, approximate, get_num_threads())
+        check_status(st, op_name)
+        return y, code
+    return run
+
+
+@op("GeluMaxPool2x2TrainGrad", domain=TRAINING_DOMAIN, kind="kernel")
+def _gelu_maxpool_2x2_grad(ctx):
+    """dX of GeluMaxPool2x2Train from dY, X and the code: dY * Gelu'(X) at each window's
+    maximum, 0 elsewhere."""
+    op_name, approximate = "GeluMaxPool2x2TrainGrad", int(ctx.attr("approximate", 0))
+
+    def run(dy, x, code):
+        x, dy = x.contiguous(), dy.contiguous()
+        planes, h, w = _gelu_pool_planes(op_name, x)
+        y_shape = (x.shape[0], x.shape[1], h // 2, w // 2)
+        if tuple(dy.shape) != y_shape or dy.dtype != x.dtype or \
+                tuple(code.shape) != y_shape or code.dtype != torch.uint8:
+            raise ValueError(f"{op_name}: dY ({x.dtype}) and the uint8 code must have shape "
+                             f"{list(y_shape)}, got {dy.dtype} {list(dy.shape)} and "
+                             f"{code.dtype} {list(code.shape)}")
+        code = code.contiguous()
+        dx = empty(tuple(x.shape), x.dtype)
+        st = native_fn("gelu_maxpool2x2_backward", x.dtype)(
+            ptr(dy), ptr(x), _mask_ptr(code), ptr(dx), planes, h, w, approximate,
+            get_num_threads())
+        check_status(st, op_name)
+        return dx
     return run
 
 
@@ -352,4 +405,44 @@ def _split_view(ctx):
             raise ValueError(f"SplitView: input {list(x.shape)} does not split into {sizes} "
                              f"along axis {axis}")
         return tuple(x.split(sizes, dim=axis))
+    return run
+
+
+@op("MatMulMergeHeads", domain=TRAINING_DOMAIN, kind="kernel")
+def _matmul_merge_heads(ctx):
+    """Inputs a_1, b_1, ..., a_k, b_k (4-D, equal batch dims [B, H]); output [B, T, k·H·D]
+    whose i-th block of H·D columns holds the heads of P_i = a_i @ b_i ([B, H, T, D]; with
+    ``transposed[i]`` P_i is [B, H, D, T] and its transpose is merged), merged as
+    ``P.transpose(1, 2).reshape(B, T, H·D)`` would: the batched GEMM writes each head's
+    product into its slice in place (training_fusions_attention.py)."""
+    op_name = "MatMulMergeHeads"
+    transposed = [bool(t) for t in ctx.attr("transposed")]
+    k = len(transposed)
+    if len(ctx.node.input) != 2 * k:
+        raise ValueError(f"{op_name}: {len(ctx.node.input)} inputs for {k} products "
+                         f"(expected two per product)")
+
+    def run(*ops):
+        pairs = []
+        for i, t in enumerate(transposed):
+            a, b = ops[2 * i], ops[2 * i + 1]
+            if t:  # (a @ b)^T = b^T @ a^T
+                a, b = b.transpose(-1, -2), a.transpose(-1, -2)
+            pairs.append((a, b))
+        a0, b0 = pairs[0]
+        dt = a0.dtype
+        shape = (*a0.shape[:-1], b0.shape[-1]) if a0.dim() == 4 and b0.dim() == 4 else None
+        for a, b in pairs:
+            if shape is None or a.dim() != 4 or b.dim() != 4 or a.dtype != dt or \
+                    b.dtype != dt or dt not in FLOATS or a.shape[:2] != b.shape[:2] or \
+                    a.shape[-1] != b.shape[-2] or (*a.shape[:-1], b.shape[-1]) != shape:
+                raise ValueError(f"{op_name}: every product must be a float [B, H, T, D] of "
+                                 f"one shape from 4-D operands, got "
+                                 f"{[(list(x.shape), list(y.shape)) for x, y in pairs]}")
+        bsz, heads, rows, cols = shape
+        out = torch.empty((bsz, rows, k * heads * cols), dtype=dt)
+        for i, (a, b) in enumerate(pairs):
+            dst = out[:, :, i * heads * cols:(i + 1) * heads * cols]
+            bmm_strided(op_name, a, b, out=dst.view(bsz, rows, heads, cols).transpose(1, 2))
+        return out
     return run

@@ -68,6 +68,15 @@ def _split_view(node, ins, known):
     return [tuple(s if k != axis else n for k, s in enumerate(x)) for n in a["sizes"].ints]
 
 
+def _merge_heads(node, ins, known):
+    a, b = (ins + [None, None])[:2]
+    t = next((at.ints for at in node.attribute if at.name == "transposed"), [])
+    if a is None or b is None or len(a) != 4 or len(b) != 4 or not t:
+        return [None]
+    rows, cols = (b[3], a[2]) if t[0] else (a[2], b[3])
+    return [(a[0], rows, len(t) * a[1] * cols)]
+
+
 _UNARY_GRADS = ("GeluGrad", "FastGeluGrad", "QuickGeluGrad", "BiasGeluGrad_dX", "ReluGrad",
                 "SigmoidGrad", "TanhGrad", "SoftmaxGrad", "SoftmaxGrad_13", "LogSoftmaxGrad",
                 "LogSoftmaxGrad_13", "DropoutGrad", "BiasFastGeluGrad_dX", "LeakyReluGrad")
@@ -88,12 +97,15 @@ RULES: dict[str, Callable] = {
     # training_fusions.py's private ops
     "MaxPool2x2Train": _maxpool_2x2,
     "MaxPool2x2TrainGrad": _x_shape_attr,
+    "GeluMaxPool2x2Train": _maxpool_2x2,
+    "GeluMaxPool2x2TrainGrad": _like(1),
     "MaskedScaledSoftmax": _like(0),
     "MaskedScaledSoftmaxGrad": _like(1),
     "LSTMTorchGatesTraining": _lstm_torch_gates,
     "LSTMTorchGatesGrad": _lstm_torch_gates_grad,
     "BiasGeluGradWithBiasGrad": _like(1, 2),
     "SplitView": _split_view,
+    "MatMulMergeHeads": _merge_heads,
 }
 
 

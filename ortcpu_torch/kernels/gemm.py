@@ -192,13 +192,16 @@ def batch_strides(shape, *tensors):
     return merged
 
 
-def bmm_strided(op: str, a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0):
+def bmm_strided(op: str, a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0,
+                out: torch.Tensor | None = None):
     """``[..., m, n]`` = alpha·a·b for float ``a`` ``[..., m, k]`` and ``b`` ``[..., k, n]``
     of one dtype with equal batch dims (checked by the caller), each read in place where
     BLAS can (transposed, sliced or head-split views, as attention's Q/K/V are) and copied
-    where it cannot. Not a registry op: the graph executor's batched MatMul."""
+    where it cannot. ``out``: written instead of a new tensor, ``[..., m, n]`` of a's dtype
+    with unit column stride (a view into a larger buffer, e.g. heads merged in place;
+    checked by the caller). Not a registry op: the graph executor's batched MatMul."""
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    y = empty((*a.shape[:-1], n), a.dtype)
+    y = empty((*a.shape[:-1], n), a.dtype) if out is None else out
     if y.numel() == 0:
         return y
     la, lb = strided_layout(a), strided_layout(b)
@@ -216,7 +219,8 @@ def bmm_strided(op: str, a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0):
     strides = ffi.new("int64_t[6]", [s0[0], s1[0], s0[1], s1[1], s0[2], s1[2]])
     st = native_fn("bmm_strided", a.dtype)(
         int(la[0]), int(lb[0]), b0, b1, m, n, k, float(alpha), ptr(a), la[1], strides,
-        ptr(b), lb[1], strides + 2, ptr(y), n, strides + 4, get_num_threads())
+        ptr(b), lb[1], strides + 2, ptr(y), y.stride(-2) if m > 1 else n, strides + 4,
+        get_num_threads())
     check_status(st, op)
     return y
 

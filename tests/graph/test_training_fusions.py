@@ -238,3 +238,173 @@ def test_split_views(dtype, monkeypatch, tmp_path):
     x = torch.randn(2, 5, 8, requires_grad=True)
     done = check_fused_matches_unfused(HeadSplit, [x], dtype, monkeypatch, tmp_path)
     assert "Split (read by Reshapes) -> SplitView" in done
+
+
+class HeadsAttention(nn.Module):
+    """minGPT's attention: qkv split into heads, causal scores, merged heads, projection."""
+
+    def __init__(self, d: int = 12, heads: int = 3):
+        super().__init__()
+        self.heads, self.qkv, self.proj = heads, nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * 0.3
+        att = att.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        y = (torch.softmax(att, dim=-1) @ v).transpose(1, 2).reshape(b, t, c)
+        y = self.proj(y)
+        return y.square().sum(), y
+
+
+@pytest.mark.parametrize(("shape", "dtype"), [
+    ((2, 5, 12), torch.float64), ((2, 5, 12), torch.float32), ((1, 1, 12), torch.float64),
+    ((3, 7, 12), torch.float32)], ids=["f64", "f32", "one_token-f64", "odd-f32"])
+def test_attention_products_on_head_views(shape, dtype, monkeypatch, tmp_path):
+    """The batched products read the head-split views as 4-D MatMuls (no 3-D reshape
+    copies), the merged heads and the qkv gradient's Concat are written by the GEMMs in
+    place (MatMulMergeHeads), and the unread view nodes are gone."""
+    x = torch.randn(*shape, requires_grad=True)
+    done = check_fused_matches_unfused(HeadsAttention, [x], dtype, monkeypatch, tmp_path)
+    assert done.count("Reshape 3-D + MatMul + Reshape 4-D -> 4-D MatMul on the views") == 6
+    assert "MatMul + merge heads -> MatMulMergeHeads" in done
+    assert "3 x (MatMul + merge heads) + Concat -> MatMulMergeHeads" in done
+    assert any(d.endswith("unread view nodes dropped") for d in done)
+
+
+def test_merge_heads_kernel_against_torch_and_bad_input():
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+
+    from ortcpu_torch.graph import Executor, GraphRunError
+
+    a = torch.randn(2, 3, 5, 4, dtype=torch.float64)
+    b = torch.randn(2, 3, 4, 6, dtype=torch.float64)
+    c = torch.randn(2, 3, 6, 4, dtype=torch.float64)  # c @ d is [2, 3, 6, 5]: merged transposed
+    d = torch.randn(2, 3, 4, 5, dtype=torch.float64)
+    node = h.make_node("MatMulMergeHeads", ["a", "b", "c", "d"], ["y"],
+                       domain=training_fusions.DOMAIN, transposed=[0, 1])
+    vis = [h.make_tensor_value_info(n, TP.DOUBLE, [f"{n}{k}" for k in range(4)])
+           for n in "abcd"]
+    graph = h.make_graph([node], "g", vis, [h.make_empty_tensor_value_info("y")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17),
+                                               h.make_opsetid(training_fusions.DOMAIN, 1)])
+    ex = Executor(model, check=False)
+    got = ex.run({"a": a, "b": b, "c": c, "d": d})["y"]
+    want = torch.cat([(a @ b).transpose(1, 2).reshape(2, 5, 18),
+                      (c @ d).transpose(-1, -2).transpose(1, 2).reshape(2, 5, 18)], dim=-1)
+    torch.testing.assert_close(got, want)
+    with pytest.raises(GraphRunError, match="MatMulMergeHeads: every product must be"):
+        ex.run({"a": a, "b": b, "c": c, "d": d[:, :, :, :4]})
+
+
+class GeluPool(nn.Module):
+    def __init__(self, approximate: str = "none", shared: bool = False):
+        super().__init__()
+        self.conv, self.act = nn.Conv2d(2, 3, 3, padding=1), nn.GELU(approximate=approximate)
+        self.shared = shared
+
+    def forward(self, x):
+        z = self.act(self.conv(x))
+        y = F.max_pool2d(z, 2)
+        loss = y.square().sum() + (z.sum() if self.shared else 0)
+        return loss, y
+
+
+@pytest.mark.parametrize(("hw", "approximate", "dtype"), [
+    ((6, 8), "none", torch.float64), ((6, 8), "none", torch.float32),
+    ((7, 5), "tanh", torch.float64), ((2, 3), "none", torch.float32)],
+    ids=["even-f64", "even-f32", "odd-tanh-f64", "smallest-f32"])
+def test_gelu_maxpool_2x2(hw, approximate, dtype, monkeypatch, tmp_path):
+    """GELU feeding only a 2x2 pool runs as one forward (the GELU output never stored) and
+    one backward (the slope at the maxima only); odd maps leave the last row / column out
+    of every window, their gradient 0."""
+    x = torch.randn(2, 2, *hw, requires_grad=True)
+    done = check_fused_matches_unfused(lambda: GeluPool(approximate), [x], dtype,
+                                       monkeypatch, tmp_path)
+    gelu = "FastGelu" if approximate == "tanh" else "Gelu"
+    assert f"MaxPool2x2TrainGrad + {gelu}Grad -> GeluMaxPool2x2TrainGrad; {gelu} + " \
+        "MaxPool2x2Train -> GeluMaxPool2x2Train" in done
+
+
+def test_gelu_maxpool_2x2_wide_map_fuses_the_backward_only(monkeypatch):
+    x = torch.randn(1, 2, 4, 18, requires_grad=True)
+    done = check_fused_matches_unfused(GeluPool, [x], torch.float64, monkeypatch)
+    assert "MaxPool2x2TrainGrad + GeluGrad -> GeluMaxPool2x2TrainGrad" in done
+
+
+def test_gelu_read_elsewhere_is_not_fused_with_its_pool(monkeypatch):
+    x = torch.randn(2, 2, 4, 4, requires_grad=True)
+    done = check_fused_matches_unfused(lambda: GeluPool(shared=True), [x], torch.float64,
+                                       monkeypatch)
+    assert not any("GeluMaxPool2x2Train" in d for d in done)
+
+
+def test_gelu_maxpool_kernels_against_torch_nan_and_bad_input():
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+
+    from ortcpu_torch.graph import Executor, GraphRunError
+
+    x = torch.randn(2, 3, 5, 6, dtype=torch.float64)
+    x[0, 0, 1, 1] = float("nan")
+    dy = torch.randn(2, 3, 2, 3, dtype=torch.float64)
+    dom = training_fusions.DOMAIN
+    nodes = [h.make_node("GeluMaxPool2x2Train", ["x"], ["y", "code"], domain=dom),
+             h.make_node("GeluMaxPool2x2TrainGrad", ["dy", "x", "code"], ["dx"], domain=dom)]
+    vis = [h.make_tensor_value_info("x", TP.DOUBLE, ["n", "c", "h", "w"]),
+           h.make_tensor_value_info("dy", TP.DOUBLE, ["n", "c", "oh", "ow"])]
+    graph = h.make_graph(nodes, "g", vis,
+                         [h.make_empty_tensor_value_info(o) for o in ("y", "code", "dx")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17),
+                                               h.make_opsetid(dom, 1)])
+    ex = Executor(model, check=False)
+    got = ex.run({"x": x, "dy": dy})
+    xr = x.clone().requires_grad_()
+    y = F.max_pool2d(F.gelu(xr), 2)
+    y.backward(dy)
+    torch.testing.assert_close(got["y"], y.detach(), equal_nan=True)
+    assert got["y"][0, 0, 0, 0].isnan()
+    torch.testing.assert_close(got["dx"], xr.grad, equal_nan=True)
+    with pytest.raises(GraphRunError, match="GeluMaxPool2x2TrainGrad: dY"):
+        ex.run({"x": x, "dy": dy[:, :, :1]})
+    with pytest.raises(GraphRunError, match="GeluMaxPool2x2Train: X must be"):
+        ex.run({"x": x[:, :, :1], "dy": dy})
+
+
+def test_bmm_strided_writes_side_by_side_heads_and_rejects_overlapping_outputs():
+    from ortcpu_torch.kernels.gemm import bmm_strided
+
+    a, b = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 4, 6)
+    buf = torch.full((2, 5, 3 * 6 + 2), 7.0)  # 2 spare columns per row stay untouched
+    out = buf[:, :, 1:19].view(2, 5, 3, 6).transpose(1, 2)
+    bmm_strided("test", a, b, out=out)
+    torch.testing.assert_close(buf[:, :, 1:19], (a @ b).transpose(1, 2).reshape(2, 5, 18))
+    assert (buf[:, :, 0] == 7).all() and (buf[:, :, 19] == 7).all()
+    overlapping = torch.empty(2, 5, 10).as_strided((2, 3, 5, 6), (50, 2, 10, 1))
+    with pytest.raises(RuntimeError, match="overlap"):
+        bmm_strided("test", a, b, out=overlapping)
+
+
+def test_dead_views_keeps_values_read_only_inside_a_subgraph():
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+
+    from ortcpu_torch.graph import training_fusions_attention as att
+    from ortcpu_torch.graph.training_rewrite import Rewrite
+
+    then = h.make_graph([h.make_node("Identity", ["t"], ["y_then"])], "then", [],
+                        [h.make_tensor_value_info("y_then", TP.FLOAT, [2])])
+    other = h.make_graph([h.make_node("Identity", ["x"], ["y_else"])], "else", [],
+                         [h.make_tensor_value_info("y_else", TP.FLOAT, [2])])
+    nodes = [h.make_node("Transpose", ["x"], ["t"], perm=[0]),
+             h.make_node("Transpose", ["x"], ["unread"], perm=[0]),
+             h.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TP.FLOAT, [2]),
+                                      h.make_tensor_value_info("c", TP.BOOL, [])],
+                         [h.make_tensor_value_info("y", TP.FLOAT, [2])])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    g = Rewrite(model, {})
+    att.dead_views(g)
+    assert [n.output[0] for n in g.result().graph.node] == ["t", "y"]
