@@ -5,6 +5,8 @@
 - the Erf-based GELU subgraph (x·(erf(x/√2) + 1)·0.5, as torch's exporter writes it) ->
   com.microsoft Gelu (the registry kernel);
 - MatMul + Mul/Div by a scalar constant -> the GEMM's alpha;
+- batched MatMul + Transpose keeping the last axis -> the GEMMs write the transposed
+  layout (no copy in the Reshape after it);
 - MatMul + Add of a constant bias over the last dim, Conv/Gemm/MatMul + Add/Sum of a
   residual of the output's shape computed earlier (ResNet's skip connections), and
   Conv/Gemm/MatMul + Relu: the add / activation runs in place on the producing kernel's
@@ -64,6 +66,7 @@ def apply_fusions(nodes, consts, graph, opsets, shapes=None):
     nodes = _fold_conv_bn(nodes, consts, outputs, done)
     nodes = _gelu_erf(nodes, consts, outputs, done, opsets)
     nodes = _matmul_scale(nodes, consts, outputs, done)
+    nodes = _matmul_transpose(nodes, outputs, done, shapes or {})
     nodes = _epilogues(nodes, consts, outputs, done, shapes)
     return nodes, _summarize(done)
 
@@ -100,6 +103,36 @@ def _matmul_scale(nodes, consts, outputs, done):
             drop.add(id(n))
             done.append(f"MatMul+{n.op_type}(scalar) as alpha")
             break
+    return [replace.get(id(n), n) for n in nodes if id(n) not in drop]
+
+
+def _matmul_transpose(nodes, outputs, done, shapes):
+    """MatMul (rank >= 3, static output shape) read only by a Transpose that keeps the last
+    axis last (attention's P·V -> [B, T, heads, d]) -> the MatMul with an
+    ``ortcpu_out_perm`` attribute: its GEMMs write straight into the transposed layout, so
+    the Transpose's output is contiguous and the Reshape after it a view, not a copy."""
+    use = consumer_counts(nodes, outputs)
+    prod = _producers(nodes)
+    drop, replace = set(), {}
+    for t in nodes:
+        if t.op_type != "Transpose" or t.domain not in _ONNX:
+            continue
+        p = prod.get(t.input[0])
+        perm = _attr(t, "perm")
+        shape = shapes.get(t.input[0])
+        if p is None or p.op_type != "MatMul" or p.domain not in _ONNX or \
+                use.get(t.input[0]) != 1 or t.input[0] in outputs or perm is None or \
+                shape is None or len(shape) < 3 or len(perm) != len(shape) or \
+                list(perm)[-1] != len(shape) - 1 or list(perm) == list(range(len(shape))) or \
+                any(a.name == "ortcpu_out_perm" for a in p.attribute):
+            continue
+        new = onnx.NodeProto()
+        new.CopyFrom(replace.get(id(p), p))
+        new.attribute.append(helper.make_attribute("ortcpu_out_perm", list(perm)))
+        new.output[0] = t.output[0]
+        replace[id(p)] = new
+        drop.add(id(t))
+        done.append("MatMul+Transpose written transposed")
     return [replace.get(id(n), n) for n in nodes if id(n) not in drop]
 
 
