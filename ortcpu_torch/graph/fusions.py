@@ -68,7 +68,81 @@ def apply_fusions(nodes, consts, graph, opsets, shapes=None):
     nodes = _matmul_scale(nodes, consts, outputs, done)
     nodes = _matmul_transpose(nodes, outputs, done, shapes or {})
     nodes = _epilogues(nodes, consts, outputs, done, shapes)
+    nodes = _concat_in_place(nodes, consts, outputs, done, shapes or {}, opsets)
     return nodes, _summarize(done)
+
+
+#: the domain of the executor's own nodes (fusion results no ONNX op expresses)
+INTERNAL_DOMAIN = "ortcpu_torch.graph"
+
+
+def _concat_in_place(nodes, consts, outputs, done, shapes, opsets):
+    """Concat whose inputs are each produced by a Conv read only by it, along an axis with
+    nothing but size-1 dims before it (a channel Concat at batch 1: inception's and
+    squeezenet's fire modules), static shapes: the Conv outputs are written straight into
+    their slices of one buffer (ConcatBuffer, allocated before the first of them; each Conv
+    takes it as a 4th input with its element offset), and the Concat becomes ConcatInPlace,
+    which returns the buffer: no copies."""
+    use = consumer_counts(nodes, outputs)
+    prod = _producers(nodes)
+    position = {id(n): k for k, n in enumerate(nodes)}
+    replace, before = {}, {}
+    for cat in nodes:
+        if cat.op_type != "Concat" or cat.domain not in _ONNX or not cat.input:
+            continue
+        out_shape = shapes.get(cat.output[0])
+        ins = list(cat.input)
+        if out_shape is None or not all(isinstance(d, int) for d in out_shape) or \
+                len(set(ins)) != len(ins):
+            continue
+        axis = _attr(cat, "axis")
+        rank = len(out_shape)
+        ax = axis + rank if axis is not None and axis < 0 else axis
+        if ax is None or not 0 <= ax < rank or any(d != 1 for d in out_shape[:ax]):
+            continue
+        producers = [prod.get(i) for i in ins]
+        in_shapes = [shapes.get(i) for i in ins]
+        if any(p is None or p.op_type != "Conv" or p.domain not in _ONNX or
+               id(p) in replace or use.get(i) != 1 or i in outputs or s is None or
+               len(s) != rank or any(not isinstance(d, int) for d in s) or
+               len(p.input) > 3 or any(a.name == "ortcpu_epilogue" and
+                                       _attr(p, "ortcpu_epilogue") not in ([b"relu"],
+                                                                           ["relu"])
+                                       for a in p.attribute)
+               for i, p, s in zip(ins, producers, in_shapes, strict=True)):
+            continue
+        w = consts.get(producers[0].input[1])
+        if not isinstance(w, torch.Tensor) or w.dtype not in (torch.float32, torch.float64):
+            continue
+        inner = math.prod(out_shape[ax + 1:])
+        buf = f"{cat.output[0]}::concat_buffer"
+        off = 0
+        for p, s in zip(producers, in_shapes, strict=True):
+            new = onnx.NodeProto()
+            new.CopyFrom(p)
+            while len(new.input) < 3:
+                new.input.append("")
+            new.input.append(buf)
+            new.attribute.append(helper.make_attribute("ortcpu_out_offset", off))
+            off += s[ax] * inner
+            replace[id(p)] = new
+        first = min(producers, key=lambda p: position[id(p)])
+        before[id(first)] = helper.make_node(
+            "ConcatBuffer", [], [buf], domain=INTERNAL_DOMAIN, name=buf, shape=list(out_shape),
+            dtype=onnx.TensorProto.FLOAT if w.dtype == torch.float32 else
+            onnx.TensorProto.DOUBLE)
+        replace[id(cat)] = helper.make_node("ConcatInPlace", [buf, *ins], [cat.output[0]],
+                                            domain=INTERNAL_DOMAIN, name=cat.name)
+        done.append("Conv outputs written into their Concat")
+    if not replace:
+        return nodes
+    opsets.setdefault(INTERNAL_DOMAIN, 1)
+    out = []
+    for n in nodes:
+        if id(n) in before:
+            out.append(before[id(n)])
+        out.append(replace.get(id(n), n))
+    return out
 
 
 def _matmul_scale(nodes, consts, outputs, done):

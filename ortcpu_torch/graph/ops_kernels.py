@@ -25,6 +25,8 @@ from ..kernels.norm import rows_cols
 from ..kernels.pool import pool_geometry
 from ..kernels.tensor import slice_plan
 from . import ops_training  # noqa: F401  (its bindings take precedence over the generic ones)
+from .dtypes import ONNX_TO_TORCH
+from .fusions import INTERNAL_DOMAIN
 from .op_table import MS_DOMAIN, ONNX_DOMAIN, lookup, op
 from .ops_torch import _wrap_indices, avg_pool_dilated
 
@@ -342,8 +344,35 @@ def _fused_matmul(ctx):
 
 @kernel_op("Conv")
 def _conv(ctx):
+    offset = ctx.attrs.pop("ortcpu_out_offset", None)  # Concat in place (fusions.py)
     generic = _float_or(bind_kernel("Conv", ctx), _not_supported("Conv"), ctx)
-    return _conv_static(ctx, generic) or generic
+    conv = _conv_static(ctx, generic) or generic
+    if offset is None:
+        return conv
+    out_shape = ctx.output_shapes[0] if ctx.output_shapes else None
+    if out_shape is None or not all(isinstance(d, int) for d in out_shape):
+        raise ctx.error("a Conv written into its Concat needs a static output shape")
+    numel = math.prod(out_shape)
+
+    def conv_into(x, w, b, buf):
+        """Y in its slice of the Concat's buffer ``buf`` (a contiguous run at batch 1)."""
+        y = buf.view(-1)[offset:offset + numel].view(out_shape)
+        r = conv(x, w, b, out=y) if conv is not generic else generic(x, w, b)
+        if r is not y:
+            y.copy_(r)
+        return y
+    return conv_into
+
+
+@kernel_op("ConcatBuffer", domain=INTERNAL_DOMAIN, pure=False)
+def _concat_buffer(ctx):
+    shape, dt = tuple(ctx.attr("shape")), ONNX_TO_TORCH[ctx.attr("dtype")]
+    return lambda: empty(shape, dt)
+
+
+@kernel_op("ConcatInPlace", domain=INTERNAL_DOMAIN)
+def _concat_in_place(ctx):
+    return lambda buf, *parts: buf  # the parts were written into it by their producers
 
 
 def _static_shape(ctx, i):
@@ -381,12 +410,12 @@ def _conv_static(ctx, generic):
     cgeom = ffi.new("int64_t[]", geom)
     fwd = native_fn("conv_forward", dt)
 
-    def conv(x, w, b=None):
+    def conv(x, w, b=None, out=None):
         if x.dtype != dt or x.shape != xs or w.dtype != dt or w.shape != ws or \
                 not x.is_contiguous() or not w.is_contiguous() or \
                 (b is not None and (b.dtype != dt or b.shape != bs or not b.is_contiguous())):
             return generic(x, w, b)
-        y = empty(out_shape, dt)
+        y = empty(out_shape, dt) if out is None else out
         check_status(fwd(ptr(x), ptr(w), ptr(b), ptr(y), cgeom, get_num_threads()), "Conv")
         return y
     conv.keep = cgeom

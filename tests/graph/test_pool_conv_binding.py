@@ -191,3 +191,64 @@ def test_static_conv_bad_weight_shape_still_reports():
                   [numpy_helper.from_array(np.ones((4, 2, 3, 3), np.float32), "w")])
     with pytest.raises(Exception, match="W.shape\\[1\\]|C/group"):
         InferenceSession(m).run(None, {"x": np.ones((1, 3, 8, 8), np.float32)})
+
+
+def _fire_model(n, dtype, relu=True, bias=True, extra_use=False):
+    """squeezenet's fire module: squeeze 1x1 -> expand 1x1 and expand 3x3 -> Concat."""
+    elem = _ELEM[dtype]
+    rng = np.random.default_rng(0)
+    npt = np.float32 if dtype == torch.float32 else np.float64
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(npt), name) for name, s in
+             (("ws", (4, 6, 1, 1)), ("w1", (5, 4, 1, 1)), ("w3", (3, 4, 3, 3)), ("b1", (5,)),
+              ("b3", (3,)), ("bs", (4,)))]
+    b = (lambda name: [name]) if bias else (lambda name: [])
+    nodes = [helper.make_node("Conv", ["x", "ws", *b("bs")], ["s"]),
+             helper.make_node("Conv", ["s", "w1", *b("b1")], ["e1"]),
+             helper.make_node("Conv", ["s", "w3", *b("b3")], ["e3"], pads=[1, 1, 1, 1])]
+    c1, c3 = "e1", "e3"
+    if relu:
+        nodes += [helper.make_node("Relu", ["e1"], ["r1"]), helper.make_node("Relu", ["e3"],
+                                                                             ["r3"])]
+        c1, c3 = "r1", "r3"
+    nodes.append(helper.make_node("Concat", [c3, c1], ["y"], axis=1))
+    outs = [helper.make_tensor_value_info("y", elem, [n, 8, 7, 9])]
+    if extra_use:
+        outs.append(helper.make_tensor_value_info(c1, elem, [n, 5, 7, 9]))
+    g = helper.make_graph(nodes, "fire", [helper.make_tensor_value_info("x", elem,
+                                                                        [n, 6, 7, 9])],
+                          outs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("relu,bias", [(True, True), (False, True), (True, False)])
+@pytest.mark.parametrize("n", [1, 3])
+def test_concat_written_in_place_by_convs(n, dtype, relu, bias):
+    from ortcpu_torch.graph.executor import Executor
+
+    m = _fire_model(n, dtype, relu, bias)
+    x = torch.randn(n, 6, 7, 9, dtype=dtype)
+    fused = Executor(m)
+    got = fused.run({"x": x})["y"]
+    want = Executor(m, fuse=False).run({"x": x})["y"]
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    plan = fused.plan_for([x])
+    ops = [b.node.op_type for b in plan.bound]
+    assert ("ConcatInPlace" in ops) == (n == 1)  # only a batch of 1 makes the slices runs
+    # a second run (buffer reused from the arena) and a non-contiguous feed (registry path)
+    torch.testing.assert_close(fused.run({"x": x})["y"], want, rtol=0, atol=0)
+    xt = x.transpose(2, 3).contiguous().transpose(2, 3)
+    torch.testing.assert_close(fused.run({"x": xt})["y"], want, rtol=0, atol=0)
+
+
+def test_concat_in_place_not_when_a_part_is_used_elsewhere():
+    from ortcpu_torch.graph.executor import Executor
+
+    m = _fire_model(1, torch.float32, extra_use=True)
+    x = torch.randn(1, 6, 7, 9)
+    ex = Executor(m)
+    out = ex.run({"x": x})
+    want = Executor(m, fuse=False).run({"x": x})
+    for k in want:
+        torch.testing.assert_close(out[k], want[k], rtol=0, atol=0)
+    assert "ConcatInPlace" not in [b.node.op_type for b in ex.plan_for([x]).bound]
