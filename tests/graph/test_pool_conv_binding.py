@@ -252,3 +252,15 @@ def test_concat_in_place_not_when_a_part_is_used_elsewhere():
     for k in want:
         torch.testing.assert_close(out[k], want[k], rtol=0, atol=0)
     assert "ConcatInPlace" not in [b.node.op_type for b in ex.plan_for([x]).bound]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("spatial", [(1, 1), (1, 7), (13, 13), (3, 5, 67)])
+def test_global_average_pool_lane_sums(spatial, dtype):
+    x = torch.randn(2, 5, *spatial, dtype=dtype) * 100 + 3
+    x[0, 1].view(-1)[0] = float("nan")
+    x[1, 2].view(-1)[-1] = float("inf")
+    got = kernels.GlobalAveragePool(x)
+    want = x.double().mean(dim=tuple(range(2, x.dim())), keepdim=True).to(dtype)
+    tol = 1e-6 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol, equal_nan=True)
