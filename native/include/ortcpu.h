@@ -641,7 +641,9 @@ int ortcpu_gemm_p16(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda
  * ldc) = alpha * op(A_i) . op(B_i), each operand a strided matrix (row stride lda / ldb;
  * stored k x m / n x k when transposed) at i0*s[0] + i1*s[1] elements from its base, s
  * being sa / sb / sc (2 each): the batched MatMul reads transposed, sliced or head-split
- * operands in place. Input batch strides may be 0 (one matrix for every entry). */
+ * operands in place. Input batch strides may be 0 (one matrix for every entry); output
+ * matrices may lie apart or interleave row by row (sc[1] >= n, (batch1-1)*sc[1] + n <= ldc:
+ * the heads of a [.., m, heads, n] buffer), never overlap. */
 int ortcpu_bmm_strided_f32(int trans_a, int trans_b, int64_t batch0, int64_t batch1,
                            int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                            int64_t lda, const int64_t *sa, const float *b, int64_t ldb,

@@ -5,6 +5,8 @@
 - the Erf-based GELU subgraph (x·(erf(x/√2) + 1)·0.5, as torch's exporter writes it) ->
   com.microsoft Gelu (the registry kernel);
 - MatMul + Mul/Div by a scalar constant -> the GEMM's alpha;
+- batched MatMul + Transpose keeping the last axis -> the GEMMs write the transposed
+  layout (no copy in the Reshape after it);
 - MatMul + Add of a constant bias over the last dim, Conv/Gemm/MatMul + Add/Sum of a
   residual of the output's shape computed earlier (ResNet's skip connections), and
   Conv/Gemm/MatMul + Relu: the add / activation runs in place on the producing kernel's
@@ -64,8 +66,83 @@ def apply_fusions(nodes, consts, graph, opsets, shapes=None):
     nodes = _fold_conv_bn(nodes, consts, outputs, done)
     nodes = _gelu_erf(nodes, consts, outputs, done, opsets)
     nodes = _matmul_scale(nodes, consts, outputs, done)
+    nodes = _matmul_transpose(nodes, outputs, done, shapes or {})
     nodes = _epilogues(nodes, consts, outputs, done, shapes)
+    nodes = _concat_in_place(nodes, consts, outputs, done, shapes or {}, opsets)
     return nodes, _summarize(done)
+
+
+#: the domain of the executor's own nodes (fusion results no ONNX op expresses)
+INTERNAL_DOMAIN = "ortcpu_torch.graph"
+
+
+def _concat_in_place(nodes, consts, outputs, done, shapes, opsets):
+    """Concat whose inputs are each produced by a Conv read only by it, along an axis with
+    nothing but size-1 dims before it (a channel Concat at batch 1: inception's and
+    squeezenet's fire modules), static shapes: the Conv outputs are written straight into
+    their slices of one buffer (ConcatBuffer, allocated before the first of them; each Conv
+    takes it as a 4th input with its element offset), and the Concat becomes ConcatInPlace,
+    which returns the buffer: no copies."""
+    use = consumer_counts(nodes, outputs)
+    prod = _producers(nodes)
+    position = {id(n): k for k, n in enumerate(nodes)}
+    replace, before = {}, {}
+    for cat in nodes:
+        if cat.op_type != "Concat" or cat.domain not in _ONNX or not cat.input:
+            continue
+        out_shape = shapes.get(cat.output[0])
+        ins = list(cat.input)
+        if out_shape is None or not all(isinstance(d, int) for d in out_shape) or \
+                len(set(ins)) != len(ins):
+            continue
+        axis = _attr(cat, "axis")
+        rank = len(out_shape)
+        ax = axis + rank if axis is not None and axis < 0 else axis
+        if ax is None or not 0 <= ax < rank or any(d != 1 for d in out_shape[:ax]):
+            continue
+        producers = [prod.get(i) for i in ins]
+        in_shapes = [shapes.get(i) for i in ins]
+        if any(p is None or p.op_type != "Conv" or p.domain not in _ONNX or
+               id(p) in replace or use.get(i) != 1 or i in outputs or s is None or
+               len(s) != rank or any(not isinstance(d, int) for d in s) or
+               len(p.input) > 3 or any(a.name == "ortcpu_epilogue" and
+                                       _attr(p, "ortcpu_epilogue") not in ([b"relu"],
+                                                                           ["relu"])
+                                       for a in p.attribute)
+               for i, p, s in zip(ins, producers, in_shapes, strict=True)):
+            continue
+        w = consts.get(producers[0].input[1])
+        if not isinstance(w, torch.Tensor) or w.dtype not in (torch.float32, torch.float64):
+            continue
+        inner = math.prod(out_shape[ax + 1:])
+        buf = f"{cat.output[0]}::concat_buffer"
+        off = 0
+        for p, s in zip(producers, in_shapes, strict=True):
+            new = onnx.NodeProto()
+            new.CopyFrom(p)
+            while len(new.input) < 3:
+                new.input.append("")
+            new.input.append(buf)
+            new.attribute.append(helper.make_attribute("ortcpu_out_offset", off))
+            off += s[ax] * inner
+            replace[id(p)] = new
+        first = min(producers, key=lambda p: position[id(p)])
+        before[id(first)] = helper.make_node(
+            "ConcatBuffer", [], [buf], domain=INTERNAL_DOMAIN, name=buf, shape=list(out_shape),
+            dtype=onnx.TensorProto.FLOAT if w.dtype == torch.float32 else
+            onnx.TensorProto.DOUBLE)
+        replace[id(cat)] = helper.make_node("ConcatInPlace", [buf, *ins], [cat.output[0]],
+                                            domain=INTERNAL_DOMAIN, name=cat.name)
+        done.append("Conv outputs written into their Concat")
+    if not replace:
+        return nodes
+    opsets.setdefault(INTERNAL_DOMAIN, 1)
+    out = []
+    for n in nodes:
+        if id(n) in before:
+            out.append(before[id(n)])
+        out.append(replace.get(id(n), n))
+    return out
 
 
 def _matmul_scale(nodes, consts, outputs, done):
@@ -100,6 +177,36 @@ def _matmul_scale(nodes, consts, outputs, done):
             drop.add(id(n))
             done.append(f"MatMul+{n.op_type}(scalar) as alpha")
             break
+    return [replace.get(id(n), n) for n in nodes if id(n) not in drop]
+
+
+def _matmul_transpose(nodes, outputs, done, shapes):
+    """MatMul (rank >= 3, static output shape) read only by a Transpose that keeps the last
+    axis last (attention's P·V -> [B, T, heads, d]) -> the MatMul with an
+    ``ortcpu_out_perm`` attribute: its GEMMs write straight into the transposed layout, so
+    the Transpose's output is contiguous and the Reshape after it a view, not a copy."""
+    use = consumer_counts(nodes, outputs)
+    prod = _producers(nodes)
+    drop, replace = set(), {}
+    for t in nodes:
+        if t.op_type != "Transpose" or t.domain not in _ONNX:
+            continue
+        p = prod.get(t.input[0])
+        perm = _attr(t, "perm")
+        shape = shapes.get(t.input[0])
+        if p is None or p.op_type != "MatMul" or p.domain not in _ONNX or \
+                use.get(t.input[0]) != 1 or t.input[0] in outputs or perm is None or \
+                shape is None or len(shape) < 3 or len(perm) != len(shape) or \
+                list(perm)[-1] != len(shape) - 1 or list(perm) == list(range(len(shape))) or \
+                any(a.name == "ortcpu_out_perm" for a in p.attribute):
+            continue
+        new = onnx.NodeProto()
+        new.CopyFrom(replace.get(id(p), p))
+        new.attribute.append(helper.make_attribute("ortcpu_out_perm", list(perm)))
+        new.output[0] = t.output[0]
+        replace[id(p)] = new
+        drop.add(id(t))
+        done.append("MatMul+Transpose written transposed")
     return [replace.get(id(n), n) for n in nodes if id(n) not in drop]
 
 

@@ -19,10 +19,14 @@ import torch.nn.functional as F
 from .. import kernels
 from .._native import check_status, empty, empty_like, ffi, get_num_threads, lib, native_fn, ptr
 from ..kernels.activations import softmax_forward
+from ..kernels.conv import conv_geometry
 from ..kernels.gemm import P16_MAX_ROWS, PackedWeight, bmm_strided, gemm
 from ..kernels.norm import rows_cols
+from ..kernels.pool import pool_geometry
 from ..kernels.tensor import slice_plan
 from . import ops_training  # noqa: F401  (its bindings take precedence over the generic ones)
+from .dtypes import ONNX_TO_TORCH
+from .fusions import INTERNAL_DOMAIN
 from .op_table import MS_DOMAIN, ONNX_DOMAIN, lookup, op
 from .ops_torch import _wrap_indices, avg_pool_dilated
 
@@ -184,27 +188,74 @@ def _matmul(ctx):
 
     packed = _small_batch_weight(ctx, trans_b=False) if alpha == 1.0 else None
 
-    def matmul(a, b):
+    def matmul(a, b, c=None):
         # the registry kernel validated nothing beyond what these cases check themselves:
         # 2-D B (weights): one [(...·M), K] GEMM (a few rows: on the pre-packed weight);
-        # equal 3-D/4-D batches: one batched GEMM reading strided operands in place
+        # equal 3-D/4-D batches: one batched GEMM reading strided operands in place.
+        # ``c`` (fused epilogue, fusions.py): a [n] bias or a residual of the output's
+        # shape, added by the GEMM itself (C prefilled, beta 1: no extra pass over Y)
         if packed is not None and b is packed.source and a.dim() >= 2 and \
                 a.shape[-1] == packed.k and a.numel() <= P16_MAX_ROWS * packed.k:
-            y = packed.matmul(a.reshape(-1, packed.k).contiguous())
-            return y.reshape(*a.shape[:-1], packed.n)
+            bias = c.reshape(-1) if c is not None and c.numel() == packed.n and \
+                c.dtype == torch.float32 and c.is_contiguous() else None
+            y = packed.matmul(a.reshape(-1, packed.k).contiguous(), bias)
+            y = y.reshape(*a.shape[:-1], packed.n)
+            return y if c is None or bias is not None else y.add_(c)
         if b.dim() == 2 and a.dim() >= 2 and a.shape[-1] == b.shape[0]:
             if not a.is_contiguous():
                 a = a.contiguous()
+            n = b.shape[1]
+            cm = None
+            if c is not None and c.dtype == a.dtype:
+                if c.numel() == n:
+                    cm = c.reshape(n)
+                elif c.shape == (*a.shape[:-1], n):
+                    cm = c.reshape(-1, n)
             tb = not b.is_contiguous() and b.t().is_contiguous()
-            y = gemm(a.reshape(-1, a.shape[-1]), b.t() if tb else b.contiguous(),
-                     trans_b=tb, alpha=alpha, op="MatMul")
-            return y.reshape(*a.shape[:-1], b.shape[1])
+            y = gemm(a.reshape(-1, a.shape[-1]), b.t() if tb else b.contiguous(), cm,
+                     trans_b=tb, alpha=alpha, beta=1.0, op="MatMul")
+            y = y.reshape(*a.shape[:-1], n)
+            return y if c is None or cm is not None else y.add_(c)
         if a.dim() == b.dim() >= 3 and a.shape[:-2] == b.shape[:-2] and \
                 a.shape[-1] == b.shape[-2] and a.numel() and b.numel():
-            return bmm_strided("MatMul", a, b, alpha)
-        y = mm(a, b)
-        return y if alpha == 1.0 else y.mul_(alpha)
+            y = bmm_strided("MatMul", a, b, alpha)
+        else:
+            y = mm(a, b)
+            if alpha != 1.0:
+                y.mul_(alpha)
+        return y if c is None else y.add_(c)
+
+    def with_epilogue(steps):
+        """"add" (then "relu"): the addend goes into the GEMM (see ``matmul``)."""
+        if not steps or steps[0] != "add" or steps[1:] not in ([], ["relu"]):
+            return None
+        fn = matmul_fn[0]
+        if len(steps) == 1:
+            return fn
+        return lambda a, b, c: fn(a, b, c).relu_()
+    out_perm = ctx.attr("ortcpu_out_perm")  # a Transpose fused in (fusions.py)
+    if out_perm is not None:
+        matmul = _transposed_output(matmul, list(out_perm), alpha)
+    matmul_fn = [matmul]
+    matmul.with_epilogue = with_epilogue
     return matmul
+
+
+def _transposed_output(matmul, perm, alpha):
+    """``matmul`` followed by ``permute(perm)``: equal-batch MatMuls write their GEMMs into
+    the permuted buffer (contiguous), the others permute their result (a view)."""
+    inv = sorted(range(len(perm)), key=perm.__getitem__)
+
+    def matmul_t(a, b, c=None):
+        if a.dim() == b.dim() == len(perm) and a.shape[:-2] == b.shape[:-2] and \
+                a.shape[-1] == b.shape[-2] and a.numel() and b.numel():
+            shape = (*a.shape[:-1], b.shape[-1])
+            z = empty([shape[p] for p in perm], a.dtype)
+            bmm_strided("MatMul", a, b, alpha, out=z.permute(inv))
+        else:
+            z = matmul(a, b).permute(perm)
+        return z if c is None else z.add_(c)
+    return matmul_t
 
 
 def _small_batch_weight(ctx, trans_b):
@@ -293,7 +344,82 @@ def _fused_matmul(ctx):
 
 @kernel_op("Conv")
 def _conv(ctx):
-    return _float_or(bind_kernel("Conv", ctx), _not_supported("Conv"), ctx)
+    offset = ctx.attrs.pop("ortcpu_out_offset", None)  # Concat in place (fusions.py)
+    generic = _float_or(bind_kernel("Conv", ctx), _not_supported("Conv"), ctx)
+    conv = _conv_static(ctx, generic) or generic
+    if offset is None:
+        return conv
+    out_shape = ctx.output_shapes[0] if ctx.output_shapes else None
+    if out_shape is None or not all(isinstance(d, int) for d in out_shape):
+        raise ctx.error("a Conv written into its Concat needs a static output shape")
+    numel = math.prod(out_shape)
+
+    def conv_into(x, w, b, buf):
+        """Y in its slice of the Concat's buffer ``buf`` (a contiguous run at batch 1)."""
+        y = buf.view(-1)[offset:offset + numel].view(out_shape)
+        r = conv(x, w, b, out=y) if conv is not generic else generic(x, w, b)
+        if r is not y:
+            y.copy_(r)
+        return y
+    return conv_into
+
+
+@kernel_op("ConcatBuffer", domain=INTERNAL_DOMAIN, pure=False)
+def _concat_buffer(ctx):
+    shape, dt = tuple(ctx.attr("shape")), ONNX_TO_TORCH[ctx.attr("dtype")]
+    return lambda: empty(shape, dt)
+
+
+@kernel_op("ConcatInPlace", domain=INTERNAL_DOMAIN)
+def _concat_in_place(ctx):
+    return lambda buf, *parts: buf  # the parts were written into it by their producers
+
+
+def _static_shape(ctx, i):
+    """Input ``i``'s shape known at plan time (from shape inference or its constant)."""
+    if not ctx.has_input(i):
+        return None
+    c = ctx.const(i)
+    if isinstance(c, torch.Tensor):
+        return tuple(c.shape)
+    return ctx.input_shapes[i] if i < len(ctx.input_shapes) else None
+
+
+def _conv_static(ctx, generic):
+    """With float32/float64 and X's and W's (and B's) static shapes known at plan time:
+    the geometry checked once (``conv_geometry``) and the native forward called directly
+    (the registry's per-call checks cost ~45 µs a node, more than squeezenet's small
+    convolutions); inputs whose run-time shape, dtype or layout differ take ``generic``.
+    None when the plan cannot know, or the attributes are invalid (the kernel reports it
+    at run time)."""
+    dt = ctx.dtype(0)
+    shapes = [_static_shape(ctx, i) for i in range(3)]
+    if dt not in FLOATS or any(ctx.dtype(i) != dt for i in range(3) if ctx.has_input(i)) or \
+            any(s is None or not all(isinstance(d, int) for d in s)
+                for i, s in enumerate(shapes) if i < 2 or ctx.has_input(i)):
+        return None
+    xs, ws = torch.Size(shapes[0]), torch.Size(shapes[1])
+    bs = torch.Size(shapes[2]) if ctx.has_input(2) else None
+    try:
+        geom, out_shape = conv_geometry("Conv", torch.empty(xs, device="meta"),
+                                        torch.empty(ws, device="meta"), **_kwargs(ctx))
+    except (TypeError, ValueError):
+        return None
+    if bs is not None and bs != (ws[0],):
+        return None
+    cgeom = ffi.new("int64_t[]", geom)
+    fwd = native_fn("conv_forward", dt)
+
+    def conv(x, w, b=None, out=None):
+        if x.dtype != dt or x.shape != xs or w.dtype != dt or w.shape != ws or \
+                not x.is_contiguous() or not w.is_contiguous() or \
+                (b is not None and (b.dtype != dt or b.shape != bs or not b.is_contiguous())):
+            return generic(x, w, b)
+        y = empty(out_shape, dt) if out is None else out
+        check_status(fwd(ptr(x), ptr(w), ptr(b), ptr(y), cgeom, get_num_threads()), "Conv")
+        return y
+    conv.keep = cgeom
+    return conv
 
 
 @kernel_op("MaxPool")
@@ -303,7 +429,45 @@ def _maxpool(ctx):
     def int_maxpool(x):  # integer maps (int8/uint8 in ONNX): exact in float64
         r = k(x.double())
         return r.to(x.dtype) if isinstance(r, torch.Tensor) else (r[0].to(x.dtype), *r[1:])
-    return _float_or(k, int_maxpool, ctx)
+    generic = _float_or(k, int_maxpool, ctx)
+    if len(ctx.outputs_used) > 1 and ctx.outputs_used[1]:
+        return generic  # Indices wanted: the registry kernel
+    kw = _kwargs(ctx, drop=("storage_order",))
+    static = _pool_static(ctx, generic, "maxpool_forward", kw,
+                          lambda f, x, y, g, nt: f(ptr(x), ptr(y), ffi.NULL, g, nt))
+    if static is None or len(ctx.node.output) == 1:
+        return static or generic
+    return lambda x: (static(x), None)
+
+
+def _pool_static(ctx, generic, native, kw, call):
+    """A pool over float32/float64 X of a static shape known at plan time: the geometry
+    checked once (``pool_geometry``) and the native forward ``native`` run directly through
+    ``call(fn, x, y, geom, nthreads)`` (the registry's per-call checks cost about as much
+    as a small map's pool); other run-time inputs take ``generic``. None when the plan
+    cannot know, or the attributes are invalid (the kernel reports it at run time)."""
+    dt = ctx.dtype(0)
+    shape = ctx.input_shapes[0] if ctx.input_shapes else None
+    if dt not in FLOATS or shape is None or len(shape) < 3 or \
+            not all(isinstance(d, int) for d in shape):
+        return None
+    try:
+        geom, out = pool_geometry(ctx.node.op_type, shape, len(shape) - 2, **kw)
+    except (TypeError, ValueError):
+        return None
+    xs, out_shape = torch.Size(shape), (shape[0], shape[1], *out)
+    cgeom = ffi.new("int64_t[]", geom)
+    fn = native_fn(native, dt)
+    op_name = ctx.node.op_type
+
+    def pool(x):
+        if x.dtype != dt or x.shape != xs or not x.is_contiguous():
+            return generic(x)
+        y = empty(out_shape, dt)
+        check_status(call(fn, x, y, cgeom, get_num_threads()), op_name)
+        return y
+    pool.keep = cgeom
+    return pool
 
 
 @kernel_op("AveragePool")
@@ -314,8 +478,16 @@ def _avgpool(ctx):
         ctx.kind = "torch"
         return lambda x: avg_pool_dilated(x, **kw)
     kw = _kwargs(ctx, drop=("dilations",))
-    return _float_or(bind_kernel("AveragePool", ctx, kw=kw), _not_supported("AveragePool"),
-                     ctx)
+    generic = _float_or(bind_kernel("AveragePool", ctx, kw=kw), _not_supported("AveragePool"),
+                        ctx)
+    try:
+        cip = 2 * int(kw.pop("count_include_pad", 0))
+    except (TypeError, ValueError):
+        return generic
+    if cip not in (0, 2):
+        return generic
+    return _pool_static(ctx, generic, "avgpool_forward", kw,
+                        lambda f, x, y, g, nt: f(ptr(x), ptr(y), g, cip, 0, nt)) or generic
 
 
 for _name in ("GlobalAveragePool", "GlobalMaxPool"):

@@ -183,7 +183,8 @@ def _bind_all(nodes, opsets, consts, fed_names, shapes, types, outputs, folded):
                           graph_values=graph_values)
         fn = entry.factory(ctx)
         if epilogue:
-            fn = _with_epilogue(fn, epilogue)
+            fn = _with_epilogue(fn, [e.decode() if isinstance(e, bytes) else e
+                                     for e in epilogue])
         if ctx.extra_inputs:  # the binding reads more values than the node lists
             node = _with_inputs(node, ctx.extra_inputs)
             for i in ctx.extra_inputs:
@@ -253,7 +254,12 @@ def _inplace_variant(node, ctx, fresh, consumers, out_set, shapes):
 
 def _with_epilogue(fn, steps):
     """``fn`` followed by in-place steps on its (fresh) output: "add" (the last argument is
-    the bias) and/or "relu"."""
+    the bias) and/or "relu". A binding that can fold the steps into its own kernel offers
+    ``fn.with_epilogue(steps)``, returning the fused callable (or None to decline)."""
+    fused = getattr(fn, "with_epilogue", None)
+    fused = fused(steps) if fused is not None else None
+    if fused is not None:
+        return fused
     add, relu = "add" in steps, "relu" in steps
     if add and relu:
         def run(*args):

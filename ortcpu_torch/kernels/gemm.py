@@ -197,13 +197,18 @@ def bmm_strided(op: str, a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0,
     """``[..., m, n]`` = alpha·a·b for float ``a`` ``[..., m, k]`` and ``b`` ``[..., k, n]``
     of one dtype with equal batch dims (checked by the caller), each read in place where
     BLAS can (transposed, sliced or head-split views, as attention's Q/K/V are) and copied
-    where it cannot. ``out``: written instead of a new tensor, ``[..., m, n]`` of a's dtype
-    with unit column stride (a view into a larger buffer, e.g. heads merged in place;
-    checked by the caller). Not a registry op: the graph executor's batched MatMul."""
+    where it cannot. ``out``: the result's tensor (shape ``[..., m, n]``, that dtype,
+    unit column stride, distinct elements), e.g. a permuted view of the buffer the next
+    Transpose would produce; written in place (through a copy when BLAS cannot address
+    it). Not a registry op: the graph executor's batched MatMul."""
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     y = empty((*a.shape[:-1], n), a.dtype) if out is None else out
     if y.numel() == 0:
         return y
+    if out is not None and (out.stride(-1) != 1 or (m > 1 and out.stride(-2) < n) or
+                            batch_strides(a.shape[:-2], out) is None):
+        out.copy_(bmm_strided(op, a, b, alpha))
+        return out
     la, lb = strided_layout(a), strided_layout(b)
     if la is None:
         a = a.contiguous()
@@ -216,13 +221,26 @@ def bmm_strided(op: str, a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0,
         a, b = a.contiguous(), b.contiguous()
         levels = batch_strides(a.shape[:-2], a, b, y)
     (b0, s0), (b1, s1) = levels
+    if b0 > 1 and b1 > 1 and s0[2] < s1[2]:  # the output's finer level inside (any order
+        (b0, s0), (b1, s1) = (b1, s1), (b0, s0)  # of the batch entries is fine)
+    ldc = y.stride(-2) if m > 1 else n
+    if out is not None and not _distinct_outputs(b0, s0[2], b1, s1[2], m, n, ldc):
+        out.copy_(bmm_strided(op, a, b, alpha))
+        return out
     strides = ffi.new("int64_t[6]", [s0[0], s1[0], s0[1], s1[1], s0[2], s1[2]])
     st = native_fn("bmm_strided", a.dtype)(
         int(la[0]), int(lb[0]), b0, b1, m, n, k, float(alpha), ptr(a), la[1], strides,
-        ptr(b), lb[1], strides + 2, ptr(y), y.stride(-2) if m > 1 else n, strides + 4,
-        get_num_threads())
+        ptr(b), lb[1], strides + 2, ptr(y), ldc, strides + 4, get_num_threads())
     check_status(st, op)
     return y
+
+
+def _distinct_outputs(b0, sc0, b1, sc1, m, n, ldc) -> bool:
+    """The output layout ortcpu_bmm_strided accepts (its overlap rule, ortcpu.h)."""
+    span = (m - 1) * ldc + n
+    inner = b1 <= 1 or sc1 >= span or (sc1 >= n and (b1 - 1) * sc1 + n <= ldc)
+    run = (b1 - 1) * sc1 + span if b1 > 1 else span
+    return inner and (b0 <= 1 or sc0 >= run)
 
 
 #: rows of A up to which the pre-packed float32 GEMM runs (measured faster than OpenBLAS,
