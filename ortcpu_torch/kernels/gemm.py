@@ -205,6 +205,9 @@ def bmm_strided(op: str, a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0,
     y = empty((*a.shape[:-1], n), a.dtype) if out is None else out
     if y.numel() == 0:
         return y
+    if out is not None and not _nonoverlapping(out):
+        raise RuntimeError(f"{op}: bmm_strided's out {tuple(out.shape)} with strides "
+                           f"{out.stride()} overlaps itself (its elements must be distinct)")
     if out is not None and (out.stride(-1) != 1 or (m > 1 and out.stride(-2) < n) or
                             batch_strides(a.shape[:-2], out) is None):
         out.copy_(bmm_strided(op, a, b, alpha))
@@ -233,6 +236,19 @@ def bmm_strided(op: str, a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0,
         ptr(b), lb[1], strides + 2, ptr(y), ldc, strides + 4, get_num_threads())
     check_status(st, op)
     return y
+
+
+def _nonoverlapping(t: torch.Tensor) -> bool:
+    """Each stride (in increasing order) steps past everything the smaller ones reach: true
+    of every permuted or sliced view of a dense buffer, so a sufficient test that no two
+    elements of ``t`` share memory."""
+    reach = 0
+    for stride, size in sorted((st, s) for s, st in zip(t.shape, t.stride(), strict=True)
+                               if s > 1):
+        if stride <= reach:
+            return False
+        reach += (size - 1) * stride
+    return True
 
 
 def _distinct_outputs(b0, sc0, b1, sc1, m, n, ldc) -> bool:
