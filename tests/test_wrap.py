@@ -845,3 +845,21 @@ def test_optimizer_kept_for_a_setting_is_a_fallback():
         warnings.simplefilter("error")
         _, kept = optimize(m, rms)
     assert kept is rms and "no ortcpu_torch counterpart" in report(m, file=None).optimizer
+
+
+def test_batchnorm_fallback_counts_the_batch_once(monkeypatch):
+    """Ours raising inside a swapped BatchNorm's forward (after its num_batches_tracked
+    bookkeeping) falls back to torch's forward, which counts the batch: once in all."""
+    import ortcpu_torch.nn.norm as nn_norm
+
+    def rejecting_batch_norm(*args, **kwargs):
+        raise ValueError("rejected for the test")
+
+    ref = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
+    model = wrap(copy.deepcopy(ref), fallback="silent", select="ours")
+    monkeypatch.setattr(nn_norm.ops, "batch_norm", rejecting_batch_norm)
+    x = torch.randn(2, 3, 6, 6)
+    for _ in range(3):
+        torch.testing.assert_close(model(x), ref(x))
+    assert int(model[1].num_batches_tracked) == int(ref[1].num_batches_tracked) == 3
+    torch.testing.assert_close(model[1].running_mean, ref[1].running_mean)

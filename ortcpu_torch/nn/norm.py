@@ -42,19 +42,26 @@ class _BatchNormMixin:
                             f"{type(input).__name__}")
         self._check_input_dim(input)
         momentum = 0.0 if self.momentum is None else self.momentum
-        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+        counted = self.training and self.track_running_stats and \
+            self.num_batches_tracked is not None
+        if counted:
             self.num_batches_tracked.add_(1)
             if self.momentum is None:  # cumulative moving average
                 momentum = 1.0 / float(self.num_batches_tracked)
         use_batch = self.training or (self.running_mean is None and self.running_var is None)
         track = not self.training or self.track_running_stats
-        return ops.batch_norm(
-            input,
-            self.running_mean if track else None,
-            self.running_var if track else None,
-            self.weight, self.bias, use_batch, momentum, self.eps,
-            unbiased_running_var=self.unbiased_running_var,
-        )
+        try:
+            return ops.batch_norm(
+                input,
+                self.running_mean if track else None,
+                self.running_var if track else None,
+                self.weight, self.bias, use_batch, momentum, self.eps,
+                unbiased_running_var=self.unbiased_running_var,
+            )
+        except BaseException:
+            if counted:  # the call did not happen (and wrap's fallback to torch counts it)
+                self.num_batches_tracked.sub_(1)
+            raise
 
 
 class BatchNorm1d(_BatchNormMixin, torch.nn.BatchNorm1d):
