@@ -119,8 +119,8 @@ static int conv_geom_read(const int64_t *g, conv_geom *q)
     int fits = conv_small_map_fits(q);
     if (q->algo == CONV_ALGO_SMALL_MAP && !fits)
         return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv: the small-map path needs a 2-D "
-                        "convolution with dilation 1, pads >= 0 and a padded plane of "
-                        "((out - 1) * stride + kernel) per side of at most %d elements",
+                        "convolution with dilation 1, pads >= 0 and a padded plane "
+                        "((out - 1) * stride + kernel per side) of at most %d elements",
                         CONV_SMALL_PLANE);
     q->small_map = q->algo == CONV_ALGO_SMALL_MAP ||
                    (q->algo == CONV_ALGO_AUTO && fits && q->osz < CONV_BATCH_COLS);

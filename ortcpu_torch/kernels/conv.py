@@ -43,8 +43,9 @@ def conv_geometry(op: str, X: torch.Tensor, W: torch.Tensor, auto_pad="NOTSET",
     returns (geom list for the native code, output shape). ``algo`` forces the lowering:
     "im2col" (any geometry), "winograd2" / "winograd4" (F(2x2,3x3) / F(4x4,3x3): 2-D 3x3
     kernel, stride 1, dilation 1, group 1), "small_map" (im2col through zero-padded
-    channel planes: 2-D, stride 1, dilation 1, pads >= 0, (out + kernel - 1) per side at
-    most 1024 elements), "depthwise" (group == C > 1, M a multiple of C, 1-D/2-D,
+    channel planes: 2-D, dilation 1, pads >= 0, any stride, a padded plane, ((out - 1) *
+    stride + kernel) per side, of at most 4096 elements; auto takes it for outputs under
+    1024 positions), "depthwise" (group == C > 1, M a multiple of C, 1-D/2-D,
     pads >= 0); "auto" lets the native code choose."""
     if not isinstance(algo, str) or algo not in ALGOS:
         raise ValueError(f"{op}: algo must be one of {sorted(ALGOS)}, got {algo!r}")
