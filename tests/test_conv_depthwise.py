@@ -52,6 +52,13 @@ CASES = [  # n, c, mult, h, w, k, stride, pads [top, left, bottom, right], dilat
     (2, 3, 1, 9, 7, 2, 2, [0, 1, 1, 0], 1),        # even kernel: phases with one tap
     (1, 3, 1, 7, 7, 1, 2, [0, 0, 0, 0], 1),        # 1x1 stride 2: phases with no tap
     (1, 3, 1, 20, 20, 3, 2, [1, 1, 1, 1], 1),      # stride 2, 10x10 output
+    # outputs of at most 4x4: the 4x4 register tiles
+    (3, 8, 1, 4, 4, 7, 1, [3, 3, 3, 3], 1),        # ConvNeXt's last stage
+    (2, 5, 1, 3, 2, 3, 1, [1, 1, 1, 1], 1),        # 3x2 output
+    (2, 4, 1, 8, 8, 3, 2, [1, 1, 1, 1], 1),        # stride 2 down to 4x4
+    (1, 3, 2, 4, 4, 3, 1, [0, 1, 2, 0], 1),        # multiplier 2, asymmetric pads
+    (2, 3, 1, 6, 6, 3, 1, [1, 1, 1, 1], 2),        # dilation 2, 4x4 output
+    (1, 2, 1, 1, 9, 1, 1, [0, 0, 0, 0], 1),        # 1x9 map, 1x1 kernel
 ]
 
 
@@ -70,7 +77,7 @@ def test_float64_vs_torch(case, threads):
             torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12, msg=f"{algo} {name}")
 
 
-@pytest.mark.parametrize("case", CASES[:9])
+@pytest.mark.parametrize("case", CASES[:9] + CASES[-6:-4])
 def test_float32_vs_torch_and_im2col(case):
     n, c, mult, h, w, k, stride, pads, dil = case
     x = torch.randn(n, c, h, w)

@@ -90,9 +90,8 @@ def test_small_map_gradcheck_and_nan():
 
 
 @pytest.mark.parametrize("shape,kw,msg", [
-    ((1, 2, 6, 6), dict(strides=[2, 2]), "stride 1"),
-    ((1, 2, 6, 6), dict(dilations=[2, 2]), "stride 1, dilation 1"),
-    ((1, 2, 40, 40), dict(pads=[1, 1, 1, 1]), "at most 1024"),
+    ((1, 2, 6, 6), dict(dilations=[2, 2]), "dilation 1"),
+    ((1, 2, 80, 80), dict(pads=[1, 1, 1, 1]), "at most 4096"),
 ])
 def test_small_map_refuses_geometries_it_does_not_cover(shape, kw, msg):
     x, wt = torch.randn(*shape), torch.randn(3, 2, 3, 3)
@@ -103,6 +102,60 @@ def test_small_map_refuses_geometries_it_does_not_cover(shape, kw, msg):
     with pytest.raises(Exception, match="small-map"):  # 3-D
         KC.conv_forward("Conv", torch.randn(1, 2, 2, 4, 4), torch.randn(3, 2, 1, 3, 3),
                         algo="small_map")
+
+
+STRIDED = [  # n, c, m, h, w, kernel, strides, pads [top, left, bottom, right], groups
+    (3, 5, 7, 16, 16, (3, 3), (2, 2), [1, 1, 1, 1], 1),   # ResNet's downsampling 3x3
+    (2, 3, 4, 17, 15, (3, 3), (2, 2), [1, 1, 1, 1], 1),   # odd maps: last row/column
+    (2, 4, 6, 16, 16, (1, 1), (2, 2), [0, 0, 0, 0], 1),   # 1x1 stride 2: rows skipped
+    (1, 3, 8, 16, 16, (4, 4), (4, 4), [0, 0, 0, 0], 1),   # patchify stem
+    (2, 6, 4, 9, 11, (2, 3), (2, 3), [1, 0, 0, 2], 2),    # uneven strides, groups
+    (1, 2, 3, 7, 7, (3, 3), (3, 1), [2, 0, 1, 3], 1),     # asymmetric pads and strides
+    (2, 4, 4, 5, 5, (5, 5), (2, 2), [2, 2, 2, 2], 1),
+    (1, 2, 2, 6, 6, (2, 2), (3, 3), [0, 0, 0, 0], 1),     # windows skip columns
+]
+
+
+def _strided_ref(x, w, b, strides, pads, groups, g):
+    xr, wr, br = (t.clone().requires_grad_() for t in (x, w, b))
+    y = F.conv2d(F.pad(xr, (pads[1], pads[3], pads[0], pads[2])), wr, br, stride=strides,
+                 groups=groups)
+    y.backward(g)
+    return y.detach(), xr.grad, wr.grad, br.grad
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", STRIDED)
+def test_small_map_strided_float64_vs_torch(case, threads):
+    ortcpu_torch.set_num_threads(threads)
+    n, c, m, h, w, k, strides, pads, groups = case
+    x = torch.randn(n, c, h, w, dtype=torch.float64)
+    wt = torch.randn(m, c // groups, *k, dtype=torch.float64)
+    b = torch.randn(m, dtype=torch.float64)
+    yref = F.conv2d(F.pad(x, (pads[1], pads[3], pads[0], pads[2])), wt, b, stride=strides,
+                    groups=groups)
+    g = torch.randn_like(yref)
+    want = _strided_ref(x, wt, b, strides, pads, groups, g)
+    for algo in ("small_map", "auto", "im2col"):
+        y = KC.conv_forward("Conv", x, wt, b, pads=pads, strides=list(strides), group=groups,
+                            algo=algo)
+        grads = KC.conv_backward("ConvGrad", g, x, wt, (True, True, True), pads=pads,
+                                 strides=list(strides), group=groups, algo=algo)
+        for a, e in zip((y, *grads), want, strict=True):
+            torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-10)
+
+
+def test_small_map_strided_float32_and_gradcheck():
+    x = torch.randn(3, 4, 9, 8)
+    wt, b = torch.randn(5, 4, 3, 3), torch.randn(5)
+    y = KC.conv_forward("Conv", x, wt, b, pads=[1, 1, 1, 1], strides=[2, 2], algo="small_map")
+    want = F.conv2d(x.double(), wt.double(), b.double(), stride=2, padding=1)
+    torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-5)
+    xd = torch.randn(2, 3, 7, 6, dtype=torch.float64, requires_grad=True)
+    wd = torch.randn(4, 3, 3, 3, dtype=torch.float64, requires_grad=True)
+    bd = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradcheck(
+        lambda x, w, b: ortcpu_torch.ops.conv2d(x, w, b, stride=2, padding=1), (xd, wd, bd))
 
 
 def test_small_map_one_dimensional():

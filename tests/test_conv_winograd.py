@@ -145,8 +145,8 @@ def test_winograd_gradcheck(pads, algo):
     x = torch.randn(2, 3, 7, 6, dtype=torch.float64, requires_grad=True)
     w = torch.randn(2, 3, 3, 3, dtype=torch.float64, requires_grad=True)
     b = torch.randn(2, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda x, w, b: _Conv.apply(x, w, b, attrs, "conv2d"),
-                                    (x, w, b))
+    plan = KC.conv_plan("conv2d", x, w, b, **attrs)
+    assert torch.autograd.gradcheck(lambda x, w, b: _Conv.apply(x, w, b, plan), (x, w, b))
 
 
 def _same_or_tile_superset(ours, ref, algo):

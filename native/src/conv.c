@@ -26,7 +26,7 @@
  * - im2col / col2im + one GEMM per group for everything else, over one sample or, when
  *   the output map is small (< 1024 positions), over several samples' column matrices
  *   side by side (conv_batch in conv.inc: 2-14% faster on 4x4..8x8 maps, measured).
- *   On such small maps (2-D, stride 1, dilation 1, pads >= 0) im2col and col2im go through
+ *   On such small maps (2-D, dilation 1, pads >= 0, any stride) im2col and col2im go through
  *   a zero-padded copy of each channel plane (conv_small_map_fits; algorithm 4 forces it):
  *   N8 32->64 on 4x4, 1 thread, forward 121 -> 71 us, backward 222 -> 147 us; 8x8 maps
  *   1.2-1.6x (measured on the AVX2 EPYC).
@@ -68,20 +68,23 @@ enum { CONV_ALGO_AUTO = 0, CONV_ALGO_IM2COL = 1, CONV_ALGO_WINOGRAD2 = 2, CONV_A
 /* Output maps below this many positions batch several samples into one im2col GEMM
  * (conv_batch in conv.inc) and take the small-map column path where it fits. */
 #define CONV_BATCH_COLS 1024
-/* Small-map path: 2-D, stride 1, dilation 1, pads >= 0, the padded plane at most this
- * many elements (it lives on the stack). On 4x4..8x8 maps the generic im2col spends most
- * of its time in 3-8 element row copies with per-row clipping; through a padded copy of
- * each channel every row is one fixed-length move (measured: see conv.inc). */
-#define CONV_SMALL_PLANE 1024
+/* Small-map path: 2-D, dilation 1, pads >= 0, any stride, the padded plane at most this
+ * many elements (it lives on the stack). On small maps the generic im2col spends most of
+ * its time in 3-8 element row copies (strided gathers for stride 2) with per-row
+ * clipping; through a padded copy of each channel every row is one fixed-length move or
+ * gather (measured: see conv.inc). The plane holds what the windows read, rows
+ * (out - 1) * s + k per side: input beyond it (negative end pads, strides that skip the
+ * last rows) is never read. */
+#define CONV_SMALL_PLANE 4096
 static int conv_small_map_fits(const conv_geom *q)
 {
     if (q->in[0] != 1 || q->k[0] != 1 || q->out[0] != 1 || q->p[0] != 0 || q->pointwise)
         return 0;
     for (int i = 1; i < 3; i++)
-        if (q->s[i] != 1 || q->d[i] != 1 || q->p[i] < 0 ||
-            q->out[i] + q->k[i] - 1 - q->p[i] < q->in[i]) /* negative end pad */
+        if (q->d[i] != 1 || q->p[i] < 0)
             return 0;
-    return (q->out[1] + q->k[1] - 1) * (q->out[2] + q->k[2] - 1) <= CONV_SMALL_PLANE;
+    return ((q->out[1] - 1) * q->s[1] + q->k[1]) * ((q->out[2] - 1) * q->s[2] + q->k[2]) <=
+           CONV_SMALL_PLANE;
 }
 
 static int conv_geom_read(const int64_t *g, conv_geom *q)
@@ -111,13 +114,14 @@ static int conv_geom_read(const int64_t *g, conv_geom *q)
     q->pointwise = q->ksz == 1 && q->s[0] == 1 && q->s[1] == 1 && q->s[2] == 1 &&
                    q->p[0] == 0 && q->p[1] == 0 && q->p[2] == 0 && q->out[0] == q->in[0] &&
                    q->out[1] == q->in[1] && q->out[2] == q->in[2];
-    q->ph = q->out[1] + q->k[1] - 1;
-    q->pw = q->out[2] + q->k[2] - 1;
+    q->ph = (q->out[1] - 1) * q->s[1] + q->k[1];
+    q->pw = (q->out[2] - 1) * q->s[2] + q->k[2];
     int fits = conv_small_map_fits(q);
     if (q->algo == CONV_ALGO_SMALL_MAP && !fits)
         return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv: the small-map path needs a 2-D "
-                        "convolution with stride 1, dilation 1, pads >= 0 and (out + kernel "
-                        "- 1) per side at most %d elements", CONV_SMALL_PLANE);
+                        "convolution with dilation 1, pads >= 0 and a padded plane "
+                        "((out - 1) * stride + kernel per side) of at most %d elements",
+                        CONV_SMALL_PLANE);
     q->small_map = q->algo == CONV_ALGO_SMALL_MAP ||
                    (q->algo == CONV_ALGO_AUTO && fits && q->osz < CONV_BATCH_COLS);
     return ORTCPU_OK;

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .._native import empty, native_fn, ptr
+from .._native import empty, ffi, native_fn, ptr
 from ._checks import (
     check_status,
     float_input,
@@ -43,8 +43,9 @@ def conv_geometry(op: str, X: torch.Tensor, W: torch.Tensor, auto_pad="NOTSET",
     returns (geom list for the native code, output shape). ``algo`` forces the lowering:
     "im2col" (any geometry), "winograd2" / "winograd4" (F(2x2,3x3) / F(4x4,3x3): 2-D 3x3
     kernel, stride 1, dilation 1, group 1), "small_map" (im2col through zero-padded
-    channel planes: 2-D, stride 1, dilation 1, pads >= 0, (out + kernel - 1) per side at
-    most 1024 elements), "depthwise" (group == C > 1, M a multiple of C, 1-D/2-D,
+    channel planes: 2-D, dilation 1, pads >= 0, any stride, a padded plane, ((out - 1) *
+    stride + kernel) per side, of at most 4096 elements; auto takes it for outputs under
+    1024 positions), "depthwise" (group == C > 1, M a multiple of C, 1-D/2-D,
     pads >= 0); "auto" lets the native code choose."""
     if not isinstance(algo, str) or algo not in ALGOS:
         raise ValueError(f"{op}: algo must be one of {sorted(ALGOS)}, got {algo!r}")
@@ -92,13 +93,25 @@ def conv_geometry(op: str, X: torch.Tensor, W: torch.Tensor, auto_pad="NOTSET",
     return geom, (n, m, *out)
 
 
-def conv_forward(op, X, W, B=None, **attrs):
-    return conv_forward_geom(op, X, W, B, **attrs)[0]
+class ConvPlan:
+    """A checked Conv geometry bound to its native entry points: ``conv_forward_plan`` and
+    ``conv_backward_plan`` run it on inputs of the signature it was checked for
+    (contiguous, the same dtype and shapes) with no check repeated. The autograd front end
+    (``ops.conv2d``) keeps one per input signature, so a call costs one dict lookup
+    besides the kernel."""
+
+    __slots__ = ("op", "geom", "geom_c", "out_shape", "dtype", "m", "fwd", "bwd", "unbatched")
+
+    def __init__(self, op: str, geom: list, out_shape: tuple, dtype: torch.dtype):
+        self.op, self.geom, self.out_shape, self.dtype = op, geom, tuple(out_shape), dtype
+        self.geom_c = ffi.new("int64_t[]", geom)  # built once: a list converts per call
+        self.m = geom[2]
+        self.fwd = native_fn("conv_forward", dtype)
+        self.bwd = native_fn("conv_backward", dtype)
+        self.unbatched = False  # set by the front end: its input gets a batch axis of 1
 
 
-def conv_forward_geom(op, X, W, B=None, **attrs):
-    """(Y, geom): conv_forward plus the checked geometry, which conv_backward can take
-    for the same X and W instead of re-deriving it from the attributes."""
+def _checked(op, X, W, B, attrs):
     X = float_input(op, "X", X)
     W = float_input(op, "W", W)
     same_dtype(op, "X", X, "W", W)
@@ -109,6 +122,47 @@ def conv_forward_geom(op, X, W, B=None, **attrs):
         if B.dim() != 1 or B.shape[0] != W.shape[0]:
             raise ValueError(f"{op}: B must be 1-D with W.shape[0]={W.shape[0]} elements, "
                              f"got shape {fmt_shape(B)}")
+    return X, W, B, geom, out_shape
+
+
+def conv_plan(op, X, W, B=None, **attrs) -> ConvPlan:
+    """Check X, W, B and the Conv attributes (as ``conv_forward``) and return the plan."""
+    X, W, B, geom, out_shape = _checked(op, X, W, B, attrs)
+    return ConvPlan(op, geom, out_shape, X.dtype)
+
+
+def conv_forward_plan(plan: ConvPlan, X, W, B=None) -> torch.Tensor:
+    """Y of ``plan`` for contiguous X, W, B of the signature it was checked for."""
+    Y = empty(plan.out_shape, plan.dtype)
+    st = plan.fwd(ptr(X), ptr(W), ptr(B), ptr(Y), plan.geom_c, get_num_threads())
+    if st:
+        check_status(st, plan.op)
+    return Y
+
+
+def conv_backward_plan(plan: ConvPlan, dY, X, W, need=(True, True, True)):
+    """(dX, dW, dB) of ``plan``, None where ``need`` says so; dY contiguous, of the
+    plan's output shape, X and W as checked."""
+    dX = empty(X.shape, plan.dtype) if need[0] else None
+    dW = empty(W.shape, plan.dtype) if need[1] else None
+    dB = empty((plan.m,), plan.dtype) if need[2] else None
+    if dX is None and dW is None and dB is None:
+        return None, None, None
+    st = plan.bwd(ptr(dY), ptr(X), ptr(W), ptr(dX), ptr(dW), ptr(dB), plan.geom_c,
+                  get_num_threads())
+    if st:
+        check_status(st, plan.op)
+    return dX, dW, dB
+
+
+def conv_forward(op, X, W, B=None, **attrs):
+    return conv_forward_geom(op, X, W, B, **attrs)[0]
+
+
+def conv_forward_geom(op, X, W, B=None, **attrs):
+    """(Y, geom): conv_forward plus the checked geometry, which conv_backward can take
+    for the same X and W instead of re-deriving it from the attributes."""
+    X, W, B, geom, out_shape = _checked(op, X, W, B, attrs)
     Y = empty(out_shape, X.dtype)
     st = native_fn("conv_forward", X.dtype)(ptr(X), ptr(W), ptr(B), ptr(Y), geom,
                                             get_num_threads())
@@ -117,8 +171,8 @@ def conv_forward_geom(op, X, W, B=None, **attrs):
 
 
 def conv_backward(op, dY, X, W, need=(True, True, True), geom=None, **attrs):
-    """(dX, dW, dB), None where ``need`` says so. ``geom``: from conv_forward_geom on the
-    same X and W, with dY of its output's shape (the autograd front ends)."""
+    """(dX, dW, dB), None where ``need`` says so. ``geom``: from conv_forward_geom (or
+    conv_geometry) on the same X and W, with dY of its output's shape."""
     X = float_input(op, "X", X)
     W = float_input(op, "W", W)
     dY = float_input(op, "dY", dY)
