@@ -187,8 +187,7 @@ def per_node(reps: int, threads: int) -> dict:
     t_direct, _ = alternate(direct, lambda: None, reps, inner=20)
     return {"case": f"Add chain x{n}, 1 element", "ours_us_per_node": t_ours / n * 1e6,
             "ort_us_per_node": t_ort / n * 1e6,
-            "torch_add_us_per_node": t_direct / n * 1e6,
-            "beyond_kernels_us_per_node": (t_ours - t_direct) / n * 1e6}
+            "torch_add_us_per_node": t_direct / n * 1e6}
 
 
 CASES = {
@@ -230,10 +229,10 @@ def markdown(info, node_row, rows, load) -> str:
              f"foreign CPU load during the run {load['foreign_share']:.0%} of the machine)",
              "",
              f"Per-node cost, {node_row['case']}: ours {node_row['ours_us_per_node']:.2f} µs/node"
-             f" (of which beyond the torch.add calls "
-             f"{node_row['beyond_kernels_us_per_node']:.2f}), onnxruntime "
-             f"{node_row['ort_us_per_node']:.2f} µs/node; the same torch.add calls made "
-             f"directly: {node_row['torch_add_us_per_node']:.2f} µs each.", "",
+             f" in all, kernel included (so an upper bound of what the executor adds), "
+             f"onnxruntime {node_row['ort_us_per_node']:.2f} µs/node; the same torch.add calls "
+             f"made directly from Python, each allocating its result: "
+             f"{node_row['torch_add_us_per_node']:.2f} µs each.", "",
              "| model | batch | ours ms | onnxruntime ms | ratio ORT/ours | ours 1 thread ms "
              "| ratio vs ours 1 thread | max rel diff |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -242,8 +241,8 @@ def markdown(info, node_row, rows, load) -> str:
                      f"{r['ratio']:.2f}x | {r['ours_1thread_ms']:.2f} | "
                      f"{r['ratio_1thread']:.2f}x | {r['max_rel_diff']:.1e} |")
     lines += ["", "Targets (issue 15):", target_line(
-        "per-node cost beyond the kernels <= 2 us", node_row["beyond_kernels_us_per_node"] <= 2.0,
-        f"{node_row['beyond_kernels_us_per_node']:.2f} us")]
+        "per-node cost beyond the kernels <= 2 us (bounded by the whole per-node time)",
+        node_row["ours_us_per_node"] <= 2.0, f"{node_row['ours_us_per_node']:.2f} us")]
     for r in rows:
         lines.append(target_line(f"{r['case']} batch {r['batch']}: ORT/ours >= 1.0x",
                                  r["ratio"] >= 1.0, f"{r['ratio']:.2f}x"))
