@@ -247,6 +247,7 @@ def test_root_forward_attribute_survives_pickle_deepcopy_and_unwrap():
     torch.save(model, buf)
     buf.seek(0)
     for m in (copy.deepcopy(model), torch.load(buf, weights_only=False)):
+        assert m.forward.module is m  # the copy's forward runs the copy
         torch.testing.assert_close(m(x, scale=2.0), y)
         funcs = {d["name"]: d for d in ortcpu_torch.report(m, file=None).functionals}
         assert funcs["F.gelu"]["calls_ours"] >= 1  # routed in the copy too
@@ -257,6 +258,23 @@ def test_root_forward_attribute_survives_pickle_deepcopy_and_unwrap():
     ortcpu_torch.unwrap(model)
     assert "forward" not in model.__dict__
     torch.testing.assert_close(model(x, scale=2.0), y)
+
+
+def test_dropped_wrapped_model_is_freed_without_the_cyclic_collector():
+    """The root's forward attribute holds the root weakly: no reference cycle, so a
+    wrapped model's memory goes when its last reference does, as an unwrapped one's."""
+    import gc
+    import weakref
+
+    model = ortcpu_torch.wrap(_Net(), fallback="error", select="ours")
+    model(torch.randn(2, 4), scale=2.0).sum().backward()
+    ref = weakref.ref(model)
+    gc.disable()
+    try:
+        del model
+        assert ref() is None
+    finally:
+        gc.enable()
 
 
 def test_root_with_a_forward_attribute_of_its_own_is_wrapped_with_hooks():

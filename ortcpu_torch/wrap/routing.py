@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import weakref
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -276,17 +277,26 @@ class RootForward:
     forward hook (those send every call of the root through ``Module._call_impl``'s hook
     path). While torch.compile traces, the compile-time mode instead (``compiled.py``).
     ``EnterHook``/``ExitHook`` do the same for a root that has a ``forward`` attribute of
-    its own."""
+    its own. It holds the root by weak reference: a strong one would be a reference cycle
+    (root -> its ``forward`` -> root), leaving a dropped model's memory to the cyclic
+    garbage collector."""
 
     def __init__(self, module, state):
-        self.module, self.state = module, state
+        self._module, self.state = weakref.ref(module), state
+
+    @property
+    def module(self):
+        return self._module()
+
+    def __reduce__(self):  # pickle/deepcopy: rebuilt around the copied root
+        return (RootForward, (self._module(), self.state))
 
     @property
     def __wrapped__(self):  # inspect.signature(model.forward) reads the class's forward
         return type(self.module).forward.__get__(self.module)
 
     def __call__(self, *args, **kwargs):
-        module, state = self.module, self.state
+        module, state = self._module(), self.state
         forward = type(module).forward
         if torch.compiler.is_compiling():
             mode = state.compile_mode  # made at wrap time (see EnterHook)
