@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .._native import empty, ffi, native_fn, ptr
+from .._native import empty, native_fn, ptr
 from ..kernels import activations as kact
 from ..kernels import batchnorm as bn
 from ..kernels import conv as kconv
@@ -193,7 +193,7 @@ def _gelu_maxpool_2x2(ctx):
         y = empty((x.shape[0], x.shape[1], h // 2, w // 2), x.dtype)
         code = torch.empty(y.shape, dtype=torch.uint8)
         st = native_fn("gelu_maxpool2x2_forward", x.dtype)(
-            ptr(x), ptr(y), _mask_ptr(code), planes, h, w, approximate, get_num_threads())
+            ptr(x), ptr(y), kact.uint8_ptr(code), planes, h, w, approximate, get_num_threads())
         check_status(st, op_name)
         return y, code
     return run
@@ -217,7 +217,7 @@ def _gelu_maxpool_2x2_grad(ctx):
         code = code.contiguous()
         dx = empty(tuple(x.shape), x.dtype)
         st = native_fn("gelu_maxpool2x2_backward", x.dtype)(
-            ptr(dy), ptr(x), _mask_ptr(code), ptr(dx), planes, h, w, approximate,
+            ptr(dy), ptr(x), kact.uint8_ptr(code), ptr(dx), planes, h, w, approximate,
             get_num_threads())
         check_status(st, op_name)
         return dx
@@ -245,10 +245,6 @@ def _double_attr(ctx, name: str) -> float:
     return float(v.reshape(-1)[0])
 
 
-def _mask_ptr(mask: torch.Tensor):
-    return ffi.cast("uint8_t *", mask.data_ptr())
-
-
 @op("MaskedScaledSoftmax", domain=TRAINING_DOMAIN, kind="kernel")
 def _masked_softmax(ctx):
     """softmax over the last axis of Where(mask, fill, X * scale) (``masked_when`` 1; 0:
@@ -263,14 +259,8 @@ def _masked_softmax(ctx):
             raise ValueError(f"{op_name}: scores must be float32/float64 with rank >= 1, "
                              f"got {x.dtype} {list(x.shape)}")
         rows_m = _mask_rows(op_name, mask, x)
-        mask = mask.contiguous()
-        y = torch.empty_like(x)
-        n = x.shape[-1]
-        st = native_fn("masked_softmax_forward", x.dtype)(
-            ptr(x), _mask_ptr(mask), ptr(y), x.numel() // n if n else 0, n, rows_m, scale,
-            fill, masked_when, get_num_threads())
-        check_status(st, op_name)
-        return y
+        return kact.masked_softmax_core(op_name, x, mask.contiguous(), rows_m, scale, fill,
+                                      masked_when)
     return run
 
 
@@ -289,14 +279,8 @@ def _masked_softmax_grad(ctx):
                              f"dtype, got {dy.dtype} {list(dy.shape)} and {y.dtype} "
                              f"{list(y.shape)}")
         rows_m = _mask_rows(op_name, mask, y)
-        mask = mask.contiguous()
-        dx = torch.empty_like(y)
-        n = y.shape[-1]
-        st = native_fn("masked_softmax_backward", y.dtype)(
-            ptr(dy), ptr(y), _mask_ptr(mask), ptr(dx), y.numel() // n if n else 0, n, rows_m,
-            scale, masked_when, get_num_threads())
-        check_status(st, op_name)
-        return dx
+        return kact.masked_softmax_grad_core(op_name, dy, y, mask.contiguous(), rows_m, scale,
+                                           masked_when)
     return run
 
 

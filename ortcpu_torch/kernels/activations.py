@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from .._native import empty_like, native_fn, ptr
+from .._native import empty_like, ffi, native_fn, ptr
 from ._checks import (
     check_status,
     float_attr,
@@ -322,6 +322,42 @@ def softmax_backward(op: str, dy, y, axis: int, log: bool, coerce_2d: bool,
         ptr(dy), ptr(y), ptr(dx), outer, dim, inner, int(log), get_num_threads()
     )
     check_status(st, op)
+    return dx
+
+
+def uint8_ptr(mask) -> object:
+    """A uint8 tensor's data as ``uint8_t *`` for the native call (None: NULL)."""
+    return ffi.NULL if mask is None else ffi.cast("uint8_t *", mask.data_ptr())
+
+
+def masked_softmax_core(op: str, x: torch.Tensor, mask, mask_rows: int, scale: float,
+                        fill: float, masked_when: int = 1) -> torch.Tensor:
+    """Softmax over the last axis of ``x * scale`` with ``fill`` where the uint8 ``mask``
+    (rows repeating every ``mask_rows`` rows of ``x``; None: nothing masked) equals
+    ``masked_when``. Contiguous float inputs, checked by the caller (the fused attention
+    node and the graph's MaskedScaledSoftmax)."""
+    y = torch.empty_like(x)
+    n = x.shape[-1]
+    if y.numel():
+        st = native_fn("masked_softmax_forward", x.dtype)(
+            ptr(x), uint8_ptr(mask), ptr(y), x.numel() // n, n, mask_rows, scale, fill,
+            masked_when, get_num_threads())
+        check_status(st, op)
+    return y
+
+
+def masked_softmax_grad_core(op: str, dy: torch.Tensor, y: torch.Tensor, mask,
+                             mask_rows: int, scale: float,
+                             masked_when: int = 1) -> torch.Tensor:
+    """dX of ``masked_softmax_core`` from dY and its output Y: scale * SoftmaxGrad, 0 where
+    masked. Contiguous inputs of one shape and dtype, checked by the caller."""
+    dx = torch.empty_like(y)
+    n = y.shape[-1]
+    if dx.numel():
+        st = native_fn("masked_softmax_backward", y.dtype)(
+            ptr(dy), ptr(y), uint8_ptr(mask), ptr(dx), y.numel() // n, n, mask_rows, scale,
+            masked_when, get_num_threads())
+        check_status(st, op)
     return dx
 
 

@@ -21,10 +21,9 @@ import math
 
 import torch
 
-from .._native import ffi, native_fn, ptr
 from .._native.arena import reshaped
+from ..kernels import activations as KA
 from ..kernels import gemm as KG
-from ..kernels._checks import check_status, get_num_threads
 from .activations import once_differentiable
 
 
@@ -33,10 +32,6 @@ def causal_mask(L: int, S: int) -> torch.Tensor:
     """``[L, S]`` uint8, 1 where key j lies after query i (torch's top-left causal mask;
     cached per shape, read-only)."""
     return torch.ones(L, S, dtype=torch.bool).triu_(1).to(torch.uint8)
-
-
-def _mask_ptr(mask):
-    return ffi.NULL if mask is None else ffi.cast("uint8_t *", mask.data_ptr())
 
 
 def _t(x: torch.Tensor) -> torch.Tensor:
@@ -60,14 +55,8 @@ class _Attention(torch.autograd.Function):
         if add is not None:
             scores.mul_(scale).add_(add)
             kscale = 1.0
-        L, S = scores.shape[-2], scores.shape[-1]
-        rows = scores.numel() // S if S else 0
-        p = torch.empty_like(scores) if scores.numel() else scores
-        if scores.numel():
-            st = native_fn("masked_softmax_forward", q.dtype)(
-                ptr(scores), _mask_ptr(mask), ptr(p), rows, S, mask_rows, kscale,
-                float("-inf"), 1, get_num_threads())
-            check_status(st, "scaled_dot_product_attention")
+        p = KA.masked_softmax_core("scaled_dot_product_attention", scores, mask, mask_rows,
+                                   kscale, float("-inf"))
         del scores
         out = KG.bmm_strided("scaled_dot_product_attention", p, v)
         ctx.save_for_backward(q, k, v, p)
@@ -90,13 +79,7 @@ class _Attention(torch.autograd.Function):
             dv = KG.bmm_strided(op, _t(p), dout)
         if need_q or need_k:
             dp = KG.bmm_strided(op, dout, _t(v))
-            S = p.shape[-1]
-            ds = torch.empty_like(p)
-            if p.numel():
-                st = native_fn("masked_softmax_backward", p.dtype)(
-                    ptr(dp), ptr(p), _mask_ptr(ctx.mask), ptr(ds), p.numel() // S, S,
-                    ctx.mask_rows, ctx.scale, 1, get_num_threads())
-                check_status(st, op)
+            ds = KA.masked_softmax_grad_core(op, dp, p, ctx.mask, ctx.mask_rows, ctx.scale)
             del dp
             if need_q:
                 dq = KG.bmm_strided(op, ds, k)
