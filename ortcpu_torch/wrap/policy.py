@@ -217,6 +217,10 @@ class State:
         # sides: the same choices by a cheap tuple key (rebuilt after unpickling)
         self.select, self.choices = check_select(select)
         self.sides: dict = {}
+        # census.py: root input signature -> Plan of its later forwards (rebuilt after
+        # unpickling); forwards run [counted by the full mode, in steady state]
+        self.plans: dict = {}
+        self.forwards = [0, 0]
         self.times = {"forward": dict.fromkeys(SIDES, 0), "backward": dict.fromkeys(SIDES, 0)}
         self._local = threading.local()
         # torch.compile: the families routed to ortcpu:: ops while Dynamo traces, and the
@@ -236,12 +240,15 @@ class State:
         for k in ("_local", "compile_mode"):
             d.pop(k, None)
         d["sides"] = {}
+        d["plans"] = {}
         return d
 
     def __setstate__(self, d):
         from .compiled import check_compile_kernels
 
         self.__dict__.update(d)
+        self.__dict__.setdefault("plans", {})
+        self.__dict__.setdefault("forwards", [0, 0])
         self._local = threading.local()
         self.compile_kernels = check_compile_kernels(d.get("compile_kernels", "auto"))
         self._build_compile_mode()
@@ -252,6 +259,14 @@ class State:
         if m is None:
             m = self._local.modes = []
         return m
+
+    @property
+    def runs(self) -> list:
+        """This thread's root forwards begun by ``EnterHook`` (``census.RootRun``)."""
+        r = getattr(self._local, "runs", None)
+        if r is None:
+            r = self._local.runs = []
+        return r
 
     @property
     def scopes(self) -> list:

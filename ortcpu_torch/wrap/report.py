@@ -48,6 +48,9 @@ class Report:
     # torch.compile: {"routed": functionals run as ortcpu:: ops in a compiled graph,
     # "traced_ops": ortcpu:: ops traced into compiled graphs in this process}
     compiled: dict | None = None
+    # root forwards {"counted", "uncounted", "signatures", "plans": {kind: signatures}}:
+    # functionals' and torch functions' calls are counted on the "counted" ones only
+    forwards: dict | None = None
 
     def __str__(self) -> str:
         return self.text
@@ -125,6 +128,9 @@ def report(model, file="stdout", timing: bool = False) -> Report:
     avail = [e.name for e in FUNCTIONALS if e.ours() is not None]
     missing = [e.name for e in FUNCTIONALS if e.ours() is None]
     lines = [f"ortcpu_torch.wrap report (fallback={state.fallback!r})"]
+    fwd = None if isinstance(model, KernelMode) else _forwards(state)
+    if fwd is not None:
+        lines.append(fwd.pop("line"))
     if mods:
         lines.append("modules swapped for ortcpu_torch.nn counterparts (calls: ours / torch):")
         for d in mods:
@@ -198,8 +204,30 @@ def report(model, file="stdout", timing: bool = False) -> Report:
                  avail, missing, state.optimizer, tim,
                  {k: c["side"] for k, c in state.choices.items()},
                  {k: dict(c) for k, c in state.choices.items()}, "\n".join(lines),
-                 compiled=compiled)
+                 compiled=compiled, forwards=fwd)
     return _emit(rep, file)
+
+
+def _forwards(state) -> dict:
+    """How many root forwards the call counts of functionals and torch functions cover
+    (``census.py``: the first forward of each input signature is counted, later ones run
+    by its plan, uncounted; swapped modules count every call)."""
+    counted, uncounted = state.forwards
+    plans: dict[str, int] = {}
+    for p in state.plans.values():
+        plans[p.kind] = plans.get(p.kind, 0) + 1
+    kinds = {"none": "no torch function mode", "patch": "functional attributes patched",
+             "lean": "a routing-only mode"}
+    line = (f"forwards: {counted} counted, {uncounted} uncounted. Calls of functionals and "
+            "torch functions below are counted on the counted forwards only: the first "
+            "forward of each input signature (tensor shapes/dtypes, training flag), and "
+            "every forward while timing is on; later forwards of a signature run the same "
+            "routing uncounted (swapped modules count every call)")
+    if plans:
+        line += "; steady state of the " + ", ".join(
+            f"{n} signature{'s' if n > 1 else ''}: {kinds[k]}" for k, n in plans.items())
+    return {"counted": counted, "uncounted": uncounted, "signatures": len(state.plans),
+            "plans": plans, "line": line}
 
 
 def _compiled(state) -> dict:

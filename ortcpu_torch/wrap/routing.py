@@ -180,13 +180,70 @@ def _meta_key(func):
     return key
 
 
+def selection(state: State, entry: FuncEntry):
+    """(whether ``entry`` may run ours here, the reason if not): the innermost
+    include/exclude scope, else ``include``/``exclude`` applied to the functional's name."""
+    scope = state.scope()
+    if scope is None:
+        sel = state.func_selected.get(entry.name)
+        if sel is None:
+            sel = state.func_selected[entry.name] = state.selected(entry.name, entry.op)
+        return sel, NOT_SELECTED
+    return scope, IN_TORCH_SCOPE
+
+
+def route_call(state: State, entry: FuncEntry, func, args, kwargs, stats: Stats,
+               ran_ours: set | None = None):
+    """One call of a routable functional: ours or torch's per ``select``, the support
+    checks and the fallback policy, counted in ``stats``; ``ran_ours`` (a set) gets the
+    functional's name when ours ran."""
+    ours = entry.ours()
+    if ours is None:  # family not in this build: not a fallback, just not there yet
+        stats.torch += 1
+        k = f"no kernel in this build (ortcpu_torch.ops.{entry.op} missing)"
+        stats.reasons.setdefault(k, [k, 0])[1] += 1
+        return func(*args, **kwargs)
+    reason = context_reason() or values_reason(args) or (
+        values_reason(kwargs.values()) if kwargs else None)
+    if reason is None and state.select != "ours":
+        key = (entry.name, call_key(args, kwargs))
+        side = state.sides.get(key)
+        if side is None:  # a new signature: measure
+            side = choose(state, entry.name, None,
+                          lambda *a, **k: ours_call(entry, ours, a, k), func, args,
+                          kwargs, key)
+        if side == "torch":
+            stats.chose_torch()
+            return timed(state, "torch", func, *args, **kwargs) if state.timing \
+                else func(*args, **kwargs)
+    if reason is None:
+        try:
+            out = timed(state, "ours", ours_call, entry, ours, args, kwargs, True) \
+                if state.timing else ours_call(entry, ours, args, kwargs, True)
+            stats.ours += 1
+            if ran_ours is not None:
+                ran_ours.add(entry.name)
+            return out
+        except Unsupported as e:
+            reason = str(e.args[0])
+        except (TypeError, ValueError) as e:
+            reason = exc_reason(f"ops.{entry.op}", e)
+    state.fell_back(entry.name, entry.name, stats, reason)
+    if state.timing:
+        return timed(state, "torch", func, *args, **kwargs)
+    return func(*args, **kwargs)
+
+
 class KernelMode(TorchFunctionMode):
     """Routes the functionals in ``FUNCTIONALS`` to ``ortcpu_torch.ops`` while active and
-    counts the rest by calling module."""
+    counts the rest by calling module. ``census`` (``census.Census``, a wrapped root's
+    counted forward): also records which functionals ran ours and which of their calls
+    did not come through the attribute patches (``census.py``)."""
 
-    def __init__(self, state: State):
+    def __init__(self, state: State, census=None):
         super().__init__()
         self.state = state
+        self.census = census
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -208,59 +265,21 @@ class KernelMode(TorchFunctionMode):
                 return func(*args, **kwargs)
         why = NO_KERNEL
         if entry is not None:
-            scope = state.scope()
-            if scope is None:
-                sel = state.func_selected.get(entry.name)
-                if sel is None:
-                    sel = state.func_selected[entry.name] = state.selected(entry.name,
-                                                                            entry.op)
-                why = NOT_SELECTED
-            else:
-                sel, why = scope, IN_TORCH_SCOPE
+            func = entry.func  # not a router (census.py) a Python functional dispatched
+            census = self.census
+            if census is not None:
+                census.saw(entry)
+            sel, why = selection(state, entry)
             if sel:
-                return self._route(entry, func, args, kwargs)
-        key = (func_name(func), calling_module(sys._getframe(1)), why)
+                stats = state.funcs.get(entry.name)
+                if stats is None:
+                    stats = state.funcs[entry.name] = Stats()
+                return route_call(state, entry, func, args, kwargs, stats,
+                                  None if census is None else census.ours)
+        key = (func_name(func) if entry is None else entry.name,
+               calling_module(sys._getframe(1)), why)
         calls = state.torch_calls
         calls[key] = calls.get(key, 0) + 1
-        if state.timing:
-            return timed(state, "torch", func, *args, **kwargs)
-        return func(*args, **kwargs)
-
-    def _route(self, entry: FuncEntry, func, args, kwargs):
-        state = self.state
-        stats = state.funcs.get(entry.name)
-        if stats is None:
-            stats = state.funcs[entry.name] = Stats()
-        ours = entry.ours()
-        if ours is None:  # family not in this build: not a fallback, just not there yet
-            stats.torch += 1
-            k = f"no kernel in this build (ortcpu_torch.ops.{entry.op} missing)"
-            stats.reasons.setdefault(k, [k, 0])[1] += 1
-            return func(*args, **kwargs)
-        reason = context_reason() or values_reason(args) or (
-            values_reason(kwargs.values()) if kwargs else None)
-        if reason is None and state.select != "ours":
-            key = (entry.name, call_key(args, kwargs))
-            side = state.sides.get(key)
-            if side is None:  # a new signature: measure
-                side = choose(state, entry.name, None,
-                              lambda *a, **k: ours_call(entry, ours, a, k), func, args,
-                              kwargs, key)
-            if side == "torch":
-                stats.chose_torch()
-                return timed(state, "torch", func, *args, **kwargs) if state.timing \
-                    else func(*args, **kwargs)
-        if reason is None:
-            try:
-                out = timed(state, "ours", ours_call, entry, ours, args, kwargs, True) \
-                    if state.timing else ours_call(entry, ours, args, kwargs, True)
-                stats.ours += 1
-                return out
-            except Unsupported as e:
-                reason = str(e.args[0])
-            except (TypeError, ValueError) as e:
-                reason = exc_reason(f"ops.{entry.op}", e)
-        state.fell_back(entry.name, entry.name, stats, reason)
         if state.timing:
             return timed(state, "torch", func, *args, **kwargs)
         return func(*args, **kwargs)
@@ -307,19 +326,20 @@ class RootForward:
                 return forward(module, *args, **kwargs)
             finally:
                 mode.__exit__(None, None, None)
-        mode = KernelMode(state)
-        torch._C._push_on_torch_function_stack(mode)  # mode.__enter__ without its layers
-        modes = state.modes
-        modes.append(mode)
+        from .census import begin  # census.py builds on this module
+
+        run = begin(state, module, args, kwargs)
+        ok = False
         try:
-            return forward(module, *args, **kwargs)
+            out = forward(module, *args, **kwargs)
+            ok = True
+            return out
         finally:
-            modes.pop()
-            torch._C._pop_torch_function_stack()
+            run.end(ok)
 
 
 class EnterHook:
-    """Forward pre-hook on the root: enter the kernel mode (picklable). While
+    """Forward pre-hook on the root: begin the routing of this forward (picklable). While
     torch.compile traces, the compile-time mode instead (``compiled.py``: our custom ops
     in the graph, no bookkeeping)."""
 
@@ -334,13 +354,13 @@ class EnterHook:
             if mode is not None:
                 mode.__enter__()
             return
-        mode = KernelMode(self.state)
-        torch._C._push_on_torch_function_stack(mode)  # mode.__enter__ without its layers
-        self.state.modes.append(mode)
+        from .census import begin
+
+        self.state.runs.append(begin(self.state, module, args, None))
 
 
 class ExitHook:
-    """Always-called forward hook on the root: leave the kernel mode."""
+    """Always-called forward hook on the root: end the routing of this forward."""
 
     def __init__(self, state):
         self.state = state
@@ -351,10 +371,10 @@ class ExitHook:
             if mode is not None:
                 mode.__exit__(None, None, None)
             return
-        modes = self.state.modes
-        if modes:
-            modes.pop()
-            torch._C._pop_torch_function_stack()  # what its __exit__ does
+        runs = self.state.runs
+        if runs:
+            # called from torch's exception handler too: then the census decides nothing
+            runs.pop().end(sys.exc_info()[0] is None)
 
 
 def kernels_enabled(fallback: str = "warn", include=None, exclude=None,

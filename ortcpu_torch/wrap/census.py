@@ -1,0 +1,330 @@
+"""Steady state of a wrapped root's forward: what it costs the torch calls we do not route.
+
+Under the counting ``KernelMode`` every torch call of the forward pays a Python
+``__torch_function__`` (a frame walk to find the calling module, a counter): ~6 us
+against ~2.6 us for the call itself, and a transformer step makes ~1000 such calls. So
+the mode counts only a *census*: the first forward of each root input signature
+(``root_key``: shapes, dtypes and ``requires_grad`` of the tensor arguments, the other
+arguments' values or types, the training flag, grad mode). The census decides the plan
+for the later forwards with that signature (``plan_of``):
+
+- ``NO_MODE``: no routable functional ran ours (every one chose torch, fell back, was
+  not selected, or none was called): the forward runs with no torch function mode at
+  all. Swapped modules route themselves and need none.
+- patch (a ``Plan`` naming functionals): the functionals that ran ours, each seen only
+  through its module attribute (``torch.nn.functional.scaled_dot_product_attention``,
+  ``torch.softmax``, ``torch.Tensor.softmax`` ...), are routed by swapping those
+  attributes for routers (``_Patch``) for the duration of the root forward. A router
+  routes only on the thread running the forward (every other thread gets torch's
+  callable straight through) and lets nested calls through (the torch calls of our op
+  or of torch's functional). The census runs with every router installed and tells the
+  mode which call came through one (``_tl.via``), so a call the patches cannot catch
+  (a name bound at import time, ``from torch.nn.functional import gelu``, or the ``@``
+  operator, which dispatches to ``Tensor.matmul`` without looking it up) is seen, and
+  that signature gets:
+- ``LEAN``: a torch function mode that routes and counts nothing else (~2 us a call).
+
+A later forward that calls a routable functional its census did not see (control flow
+that changed) runs that call on torch, or routes it through a router installed for
+another call: never wrong, at worst on torch. With ``timing`` on, under tracing or
+autocast, every forward is counted by the full mode; so is a forward whose signature
+arrives after ``MAX_PLANS`` others (the oldest plan is dropped). ``report()`` says how
+many forwards were counted: its functional and torch-function call counts cover those.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from .policy import Stats, context_reason
+from .routing import KernelMode, route_call, selection
+from .tables import BY_FUNC, FUNCTIONALS, FuncEntry
+
+MAX_PLANS = 256  # root input signatures remembered per wrap (oldest dropped first)
+
+_tl = threading.local()  # per thread: .active (the routers' State or None), .via
+_is_compiling = torch.compiler.is_compiling
+_stack_len = torch._C._len_torch_function_stack
+_stack_at = torch._C._get_function_stack_at
+_push = torch._C._push_on_torch_function_stack
+_pop = torch._C._pop_torch_function_stack
+
+
+class Plan:
+    """How later forwards of one root input signature run: ``kind`` is "none", "patch"
+    (routers for the functionals named in ``names``) or "lean"."""
+
+    __slots__ = ("kind", "names")
+
+    def __init__(self, kind: str, names: tuple = ()):
+        self.kind, self.names = kind, names
+
+    def __repr__(self):
+        return f"Plan({self.kind!r}, {self.names!r})"
+
+
+NO_MODE, LEAN = Plan("none"), Plan("lean")
+
+
+class Census:
+    """What one counted forward saw: the functionals that ran ours (``ours``) and those
+    called without coming through their router (``missed``)."""
+
+    __slots__ = ("ours", "missed")
+
+    def __init__(self):
+        self.ours: set = set()
+        self.missed: set = set()
+
+    def saw(self, entry: FuncEntry) -> None:
+        if getattr(_tl, "via", None) is entry:
+            _tl.via = None
+        else:
+            self.missed.add(entry.name)
+
+
+def plan_of(census: Census) -> Plan:
+    ours = census.ours
+    if not ours:
+        return NO_MODE
+    if ours & census.missed or not ours <= _PATCHES.keys():
+        return LEAN
+    return Plan("patch", tuple(sorted(ours)))
+
+
+# ---- the root input signature ----------------------------------------------------------
+
+_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_BY_VALUE = frozenset((int, bool, str, type(None)))
+
+
+def _key(v):
+    t = type(v)
+    if t in _TENSORS or isinstance(v, torch.Tensor):
+        return (t, v.shape, v.dtype, v.requires_grad, v.device, v.layout)
+    if t in _BY_VALUE:
+        return v
+    if t is list or t is tuple:
+        return (t, *[_key(x) for x in v])
+    if t is dict:
+        return (dict, *[(k, _key(x)) for k, x in v.items()])
+    return t  # any other object by its type (its identity would make every call new)
+
+
+def root_key(module, args, kwargs):
+    """The census key of a root forward call."""
+    return (module.training, torch.is_grad_enabled(), _key(args),
+            _key(kwargs) if kwargs else None)
+
+
+# ---- attribute patches -----------------------------------------------------------------
+
+_OWNERS = {"F": torch.nn.functional, "torch": torch, "Tensor": torch.Tensor}
+
+
+class _Patch:
+    """The router of one routable functional's attribute and its install count."""
+
+    __slots__ = ("owner", "attr", "saved", "router", "users")
+
+    def __init__(self, entry: FuncEntry, owner, attr: str):
+        self.owner, self.attr = owner, attr
+        self.saved = owner.__dict__.get(attr, _ABSENT)  # Tensor's come from TensorBase
+        self.router = _router(entry)
+        self.users = 0
+
+
+_ABSENT = object()
+
+
+def _router(entry: FuncEntry):
+    orig = entry.func
+
+    def router(*args, **kwargs):
+        if _is_compiling():
+            return orig(*args, **kwargs)
+        state = getattr(_tl, "active", None)
+        if state is None:  # another thread, or nothing to route through us
+            return orig(*args, **kwargs)
+        if state is _CENSUS:
+            # tell the census mode this call came through the attribute: only a call the
+            # mode will see next (it is innermost); nested calls have it popped
+            mode = _tl.mode
+            n = _stack_len()
+            if n and _stack_at(n - 1) is mode:
+                _tl.via = entry
+            return orig(*args, **kwargs)
+        _tl.active = None  # torch calls made by our op or by torch's own: straight through
+        try:
+            return route_steady(state, entry, orig, args, kwargs)
+        finally:
+            _tl.active = state
+
+    functools.update_wrapper(router, orig)
+    return router
+
+
+_CENSUS = object()  # _tl.active during a census: routers only mark, the mode routes
+
+
+def _patches() -> dict:
+    out = {}
+    for e in FUNCTIONALS:
+        prefix, attr = e.name.split(".", 1)
+        owner = _OWNERS.get(prefix)
+        if owner is not None and getattr(owner, attr, None) is e.func:
+            p = out[e.name] = _Patch(e, owner, attr)
+            # a functional written in Python dispatches to the mode with the callable its
+            # module globals name: the router while installed
+            BY_FUNC[p.router] = e
+    return out
+
+
+_PATCHES: dict[str, _Patch] = _patches()
+_ALL = tuple(_PATCHES)
+_lock = threading.Lock()
+_warm = []
+
+
+def _warm_caches() -> None:
+    """Build, with torch's own callables in place, the tables torch and Dynamo fill on
+    first use by reading ``torch.nn.functional``/``torch``/``torch.Tensor`` attributes
+    (names of overridable functions, Dynamo's rules per torch object): filled while a
+    router is installed they would hold the router instead."""
+    o = torch.overrides
+    o.get_ignored_functions()
+    o.get_testing_overrides()
+    o.get_overridable_functions()
+    o.is_tensor_method_or_property(torch.Tensor.add)
+    o.get_default_nowrap_functions()
+    if "torch._dynamo" in sys.modules:
+        from torch._dynamo import trace_rules
+
+        trace_rules.get_torch_obj_rule_map()
+        trace_rules.get_tensor_method()
+    _warm.append(True)
+
+
+def install(names) -> None:
+    with _lock:
+        if not _warm:
+            _warm_caches()
+        for n in names:
+            p = _PATCHES[n]
+            if not p.users:
+                setattr(p.owner, p.attr, p.router)
+            p.users += 1
+
+
+def uninstall(names) -> None:
+    with _lock:
+        for n in names:
+            p = _PATCHES[n]
+            p.users -= 1
+            # restored only if still ours (someone may have patched it after us)
+            if not p.users and p.owner.__dict__.get(p.attr) is p.router:
+                if p.saved is _ABSENT:
+                    delattr(p.owner, p.attr)
+                else:
+                    setattr(p.owner, p.attr, p.saved)
+
+
+def route_steady(state, entry: FuncEntry, func, args, kwargs):
+    """A routable call in steady state: routed as under the mode, counted nowhere."""
+    if kwargs is None:
+        kwargs = {}
+    sel, _why = selection(state, entry)
+    if not sel:
+        return func(*args, **kwargs)
+    return route_call(state, entry, func, args, kwargs, _UNCOUNTED)
+
+
+_UNCOUNTED = Stats()  # steady-state calls are not counted (report: census forwards)
+
+
+class LeanKernelMode(TorchFunctionMode):
+    """Steady state when a routed functional cannot be caught by its attribute: routes
+    the functionals of ``FUNCTIONALS``, counts nothing."""
+
+    def __init__(self, state):
+        super().__init__()
+        self.state = state
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        entry = BY_FUNC.get(func)
+        if entry is None or torch.compiler.is_compiling():
+            return func(*args, **(kwargs or {}))
+        return route_steady(self.state, entry, entry.func, args, kwargs)
+
+
+# ---- one root forward --------------------------------------------------------------------
+
+class RootRun:
+    """What ``begin`` set up for one root forward, undone by ``end``."""
+
+    __slots__ = ("state", "mode", "census", "key", "patched", "active", "mode_prev")
+
+    def end(self, ok: bool) -> None:
+        state = self.state
+        if self.mode is not None:
+            state.modes.pop()
+            _pop()
+        if self.patched:
+            uninstall(self.patched)
+        _tl.active = self.active
+        if self.census is not None:
+            _tl.mode = self.mode_prev
+            if ok:  # a census cut short (an exception) decides nothing
+                plans = state.plans
+                if len(plans) >= MAX_PLANS:
+                    plans.pop(next(iter(plans)))
+                plans[self.key] = plan_of(self.census)
+
+
+def begin(state, module, args, kwargs) -> RootRun:
+    """Enter the routing of one root forward per its signature's plan (a census, with
+    the counting mode, if it has none yet)."""
+    run = RootRun()
+    run.state, run.census, run.patched = state, None, ()
+    run.active = getattr(_tl, "active", None)
+    plan = key = None
+    if not state.timing and context_reason() is None:
+        key = root_key(module, args, kwargs)
+        plan = state.plans.get(key)
+    if plan is None:  # counted by the full mode (a census when there is a key)
+        state.forwards[0] += 1
+        census = None
+        if key is not None:
+            census = run.census = Census()
+            run.key, run.mode_prev = key, getattr(_tl, "mode", None)
+        mode = run.mode = KernelMode(state, census)
+        _push(mode)  # mode.__enter__ without its layers
+        state.modes.append(mode)
+        if census is not None:
+            install(_ALL)
+            run.patched = _ALL
+            _tl.active, _tl.mode, _tl.via = _CENSUS, mode, None
+        else:
+            _tl.active = None
+        return run
+    state.forwards[1] += 1
+    kind = plan.kind
+    if kind == "none":
+        run.mode = None
+        _tl.active = None
+    elif kind == "patch":
+        run.mode = None
+        install(plan.names)
+        run.patched = plan.names
+        _tl.active = state
+    else:
+        mode = run.mode = LeanKernelMode(state)
+        _push(mode)
+        state.modes.append(mode)
+        _tl.active = None
+    return run
