@@ -69,6 +69,7 @@ def _plans(model):
 def _assert_restored():
     assert F.gelu is ORIGINAL_GELU
     assert "softmax" not in torch.Tensor.__dict__
+    assert "__matmul__" not in torch.Tensor.__dict__
     assert torch._C._len_torch_function_stack() == 0
 
 
@@ -119,21 +120,30 @@ def test_each_attribute_spelling_is_patched(spelling, monkeypatch):
     _assert_restored()
 
 
-@pytest.mark.parametrize("how", ["imported", "matmul operator"])
-def test_a_routed_call_no_attribute_patch_sees_keeps_a_routing_mode(how, monkeypatch):
-    if how == "imported":
-        name, body, ref = "gelu", imported_gelu, F.gelu
-    else:
-        name, body, ref = "matmul", lambda x: x @ x, lambda x: x @ x
-    calls = []
-    real = getattr(OPS, name)
-    monkeypatch.setattr(OPS, name, lambda *a, **k: calls.append(1) or real(*a, **k))
-    m = wrap(StackDepth(body), fallback="error", select="ours")
+def test_a_routed_call_no_attribute_patch_sees_keeps_a_routing_mode(ours_gelu_calls):
+    m = wrap(StackDepth(imported_gelu), fallback="error", select="ours")
     x = torch.randn(4, 4)
     for _ in range(3):
-        torch.testing.assert_close(m(x), ref(x))
-    assert len(calls) == 3 and m.depths == [1, 1, 1]
+        torch.testing.assert_close(m(x), F.gelu(x))
+    assert len(ours_gelu_calls) == 3 and m.depths == [1, 1, 1]
     assert _plans(m) == {"lean": 1}
+    _assert_restored()
+
+
+def test_the_matmul_operator_is_patched(monkeypatch):
+    calls = []
+    real = OPS.matmul
+    monkeypatch.setattr(OPS, "matmul", lambda *a, **k: calls.append(1) or real(*a, **k))
+    m = wrap(StackDepth(lambda x: (x @ x).t() @ x), fallback="error", select="ours")
+    x = torch.randn(4, 4, requires_grad=True)
+    for _ in range(3):
+        y = m(x)
+        torch.testing.assert_close(y, (x @ x).t() @ x)
+        y.sum().backward()
+    assert len(calls) == 6 and m.depths == [1, 0, 0]
+    assert _plans(m) == {"patch": 1}
+    with pytest.raises(TypeError):
+        x @ "not a tensor"
     _assert_restored()
 
 
@@ -315,6 +325,22 @@ def test_root_with_its_own_forward_attribute_uses_the_plans(ours_gelu_calls):
         torch.testing.assert_close(m(x), F.gelu(x) * 3)
     assert len(ours_gelu_calls) == 3 and _plans(m) == {"patch": 1}
     _assert_restored()
+
+
+def test_root_with_its_own_forward_attribute_restores_everything_when_it_raises():
+    m = Block()
+
+    def boom(x):
+        F.gelu(x)
+        raise RuntimeError("boom")
+
+    m.forward = boom
+    wrap(m, select="ours")
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="boom"):
+            m(torch.randn(3))
+        _assert_restored()
+    assert report(m, file=None).forwards["signatures"] == 0
 
 
 def test_timing_counts_every_forward():

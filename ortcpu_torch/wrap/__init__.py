@@ -3,9 +3,10 @@
 Two mechanisms, both table-driven (``tables``): **module swap** (``swap``: a supported
 ``torch.nn`` module is replaced by its ``ortcpu_torch.nn`` counterpart sharing the same
 Parameter and buffer objects, falling back to the original per call) and **functional
-routing** (``routing``: while the root's ``forward`` runs, a TorchFunctionMode sends
-``F.gelu``, ``torch.softmax``, ... to ``ortcpu_torch.ops`` and counts what stays on
-torch). ``detect`` finds modules outside ``torch.nn`` whose forward is one of our kernels
+routing** (``routing``: while the root's ``forward`` runs, ``F.gelu``,
+``torch.softmax``, ... go to ``ortcpu_torch.ops``; a TorchFunctionMode counts what stays
+on torch on the first forward of each input signature, ``census`` runs the later ones
+without that tax). ``detect`` finds modules outside ``torch.nn`` whose forward is one of our kernels
 written as a formula (tanh-GELU, SiLU, RMSNorm) and checks them numerically; ``select``
 decides per input signature which side runs (default: the faster, measured once);
 ``policy`` holds the fallback rules and the per-wrap state, ``report`` prints it,

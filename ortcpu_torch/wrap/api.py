@@ -68,9 +68,21 @@ def wrap(model: torch.nn.Module, *, fallback: str = "warn", include=None, exclud
     directly runs its swapped modules on our kernels but its functionals on torch, and a
     loss computed outside ``model.forward`` stays on torch unless it is wrapped too
     (``criterion = wrap(nn.CrossEntropyLoss())``) or runs under ``kernels_enabled()``. While
-    routing is on, torch's fused inference fast paths that refuse tensors with
-    ``__torch_function__`` handling (e.g. ``TransformerEncoderLayer`` in eval mode) take
-    their regular path instead.
+    a torch function mode is on, torch's fused inference fast paths that refuse tensors
+    with ``__torch_function__`` handling (e.g. ``TransformerEncoderLayer`` in eval mode)
+    take their regular path instead.
+
+    What routing costs the torch calls it does not route (``wrap/census.py``): the first
+    forward of each input signature (tensor shapes, dtypes and ``requires_grad``, the
+    other arguments, the training flag) runs under a counting TorchFunctionMode, a census
+    of what ran where for ``report()``; later forwards of that signature run with no torch
+    function mode when nothing routable ran ours, with the module attributes of the
+    functionals that ran ours (``torch.nn.functional.scaled_dot_product_attention``,
+    ``torch.softmax``, ``Tensor.softmax``, ``@``) swapped for thread-checking routers
+    during the forward otherwise, and under a routing-only mode when one of those calls
+    does not go through its attribute (a name imported with ``from torch.nn.functional
+    import gelu``). ``report()``'s call counts of functionals and torch functions cover
+    the counted forwards (it says how many); with ``timing`` every forward is counted.
 
     ``compile_kernels``: what ``torch.compile(model)`` puts in the compiled graph for the
     supported functionals and swapped modules: our kernels as ``torch.library`` operators

@@ -19,9 +19,8 @@ for the later forwards with that signature (``plan_of``):
   callable straight through) and lets nested calls through (the torch calls of our op
   or of torch's functional). The census runs with every router installed and tells the
   mode which call came through one (``_tl.via``), so a call the patches cannot catch
-  (a name bound at import time, ``from torch.nn.functional import gelu``, or the ``@``
-  operator, which dispatches to ``Tensor.matmul`` without looking it up) is seen, and
-  that signature gets:
+  (a name bound at import time, ``from torch.nn.functional import gelu``; ``a @ b`` is
+  caught by ``Tensor.__matmul__``'s router) is seen, and that signature gets:
 - ``LEAN``: a torch function mode that routes and counts nothing else (~2 us a call).
 
 A later forward that calls a routable functional its census did not see (control flow
@@ -128,23 +127,21 @@ _OWNERS = {"F": torch.nn.functional, "torch": torch, "Tensor": torch.Tensor}
 
 
 class _Patch:
-    """The router of one routable functional's attribute and its install count."""
+    """The router of one attribute of a routable functional and its install count."""
 
     __slots__ = ("owner", "attr", "saved", "router", "users")
 
     def __init__(self, entry: FuncEntry, owner, attr: str):
         self.owner, self.attr = owner, attr
         self.saved = owner.__dict__.get(attr, _ABSENT)  # Tensor's come from TensorBase
-        self.router = _router(entry)
+        self.router = _router(entry, getattr(owner, attr))
         self.users = 0
 
 
 _ABSENT = object()
 
 
-def _router(entry: FuncEntry):
-    orig = entry.func
-
+def _router(entry: FuncEntry, orig):
     def router(*args, **kwargs):
         if _is_compiling():
             return orig(*args, **kwargs)
@@ -170,6 +167,9 @@ def _router(entry: FuncEntry):
 
 
 _CENSUS = object()  # _tl.active during a census: routers only mark, the mode routes
+# spellings that reach a functional without its own attribute: ``a @ b`` dispatches to
+# Tensor.matmul through the type slot of Tensor.__matmul__
+_MORE_ATTRS = {"Tensor.matmul": ("__matmul__",)}
 
 
 def _patches() -> dict:
@@ -177,15 +177,17 @@ def _patches() -> dict:
     for e in FUNCTIONALS:
         prefix, attr = e.name.split(".", 1)
         owner = _OWNERS.get(prefix)
-        if owner is not None and getattr(owner, attr, None) is e.func:
-            p = out[e.name] = _Patch(e, owner, attr)
-            # a functional written in Python dispatches to the mode with the callable its
-            # module globals name: the router while installed
-            BY_FUNC[p.router] = e
+        if owner is None or getattr(owner, attr, None) is not e.func:
+            continue
+        ps = out[e.name] = tuple(_Patch(e, owner, a)
+                                 for a in (attr, *_MORE_ATTRS.get(e.name, ())))
+        # a functional written in Python dispatches to the mode with the callable its
+        # module globals name: the router while installed
+        BY_FUNC[ps[0].router] = e
     return out
 
 
-_PATCHES: dict[str, _Patch] = _patches()
+_PATCHES: dict[str, tuple[_Patch, ...]] = _patches()
 _ALL = tuple(_PATCHES)
 _lock = threading.Lock()
 _warm = []
@@ -215,23 +217,23 @@ def install(names) -> None:
         if not _warm:
             _warm_caches()
         for n in names:
-            p = _PATCHES[n]
-            if not p.users:
-                setattr(p.owner, p.attr, p.router)
-            p.users += 1
+            for p in _PATCHES[n]:
+                if not p.users:
+                    setattr(p.owner, p.attr, p.router)
+                p.users += 1
 
 
 def uninstall(names) -> None:
     with _lock:
         for n in names:
-            p = _PATCHES[n]
-            p.users -= 1
-            # restored only if still ours (someone may have patched it after us)
-            if not p.users and p.owner.__dict__.get(p.attr) is p.router:
-                if p.saved is _ABSENT:
-                    delattr(p.owner, p.attr)
-                else:
-                    setattr(p.owner, p.attr, p.saved)
+            for p in _PATCHES[n]:
+                p.users -= 1
+                # restored only if still ours (someone may have patched it after us)
+                if not p.users and p.owner.__dict__.get(p.attr) is p.router:
+                    if p.saved is _ABSENT:
+                        delattr(p.owner, p.attr)
+                    else:
+                        setattr(p.owner, p.attr, p.saved)
 
 
 def route_steady(state, entry: FuncEntry, func, args, kwargs):
@@ -241,10 +243,9 @@ def route_steady(state, entry: FuncEntry, func, args, kwargs):
     sel, _why = selection(state, entry)
     if not sel:
         return func(*args, **kwargs)
-    return route_call(state, entry, func, args, kwargs, _UNCOUNTED)
-
-
-_UNCOUNTED = Stats()  # steady-state calls are not counted (report: census forwards)
+    # counted nowhere (report: census forwards), but a fallback reason new to this call
+    # is still announced per the policy (state.warned keeps warnings once per reason)
+    return route_call(state, entry, func, args, kwargs, Stats())
 
 
 class LeanKernelMode(TorchFunctionMode):

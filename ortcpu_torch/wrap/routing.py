@@ -1,13 +1,16 @@
-"""Functional routing: while the wrapped model's ``forward`` runs, a
-``torch.overrides.TorchFunctionMode`` (entered and left around the root module's forward
-by ``RootForward``, an instance ``forward`` attribute; by a forward pre-hook and an
-always-called forward hook on a root with a ``forward`` attribute of its own) sends
-``F.gelu``, ``torch.softmax``, ... to the ``ortcpu_torch.ops`` function of the same name
-(looked up lazily, so an entry activates as soon as its kernel family exists), and counts
+"""Functional routing: while the wrapped model's ``forward`` runs, ``F.gelu``,
+``torch.softmax``, ... go to the ``ortcpu_torch.ops`` function of the same name (looked
+up lazily, so an entry activates as soon as its kernel family exists). ``RootForward``
+(an instance ``forward`` attribute; a forward pre-hook and an always-called forward hook,
+``EnterHook``/``ExitHook``, on a root with a ``forward`` attribute of its own) begins and
+ends each root forward through ``census.py``: the first forward of each input signature
+runs under ``KernelMode``, a ``torch.overrides.TorchFunctionMode`` that routes and counts
 every other torch function by the module class whose ``forward`` called it, so
-``report()`` can say what ran on torch (a swapped module that ``select`` runs on torch
-runs its forward without this mode: cheaper, and counted on the module itself).
-Standalone: ``with ortcpu_torch.kernels_enabled():``."""
+``report()`` can say what ran on torch; later forwards of the signature run without it
+(no mode, or routers in the routed functionals' attributes, or a routing-only mode).
+``route_call`` is the routing of one call, shared by all of them (a swapped module that
+``select`` runs on torch runs its forward without any of it: counted on the module).
+Standalone: ``with ortcpu_torch.kernels_enabled():`` (the counting mode, every call)."""
 
 from __future__ import annotations
 
