@@ -401,3 +401,13 @@ def test_signature_plans_are_bounded(monkeypatch):
     for n in range(1, 7):
         m(torch.randn(n))
     assert report(m, file=None).forwards["signatures"] == 3
+
+
+def test_census_switch_off_counts_every_forward(monkeypatch):
+    monkeypatch.setattr(census, "ENABLED", False)
+    m = wrap(StackDepth(lambda x: F.gelu(x)), fallback="error", select="ours")
+    for _ in range(3):
+        m(torch.randn(3))
+    assert m.depths == [1, 1, 1]
+    rep = report(m, file=None)
+    assert rep.forwards["counted"] == 3 and rep.functionals[0]["calls_ours"] == 3

@@ -45,6 +45,9 @@ from .routing import KernelMode, route_call, selection
 from .tables import BY_FUNC, FUNCTIONALS, FuncEntry
 
 MAX_PLANS = 256  # root input signatures remembered per wrap (oldest dropped first)
+#: False: every forward is counted by the full mode, as before this module existed (an
+#: A/B switch for benchmarks/mode_tax.py; plans already made are not used either)
+ENABLED = True
 
 _tl = threading.local()  # per thread: .active (the routers' State or None), .via
 _is_compiling = torch.compiler.is_compiling
@@ -294,7 +297,7 @@ def begin(state, module, args, kwargs) -> RootRun:
     run.state, run.census, run.patched = state, None, ()
     run.active = getattr(_tl, "active", None)
     plan = key = None
-    if not state.timing and context_reason() is None:
+    if ENABLED and not state.timing and context_reason() is None:
         key = root_key(module, args, kwargs)
         plan = state.plans.get(key)
     if plan is None:  # counted by the full mode (a census when there is a key)
