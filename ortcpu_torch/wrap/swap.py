@@ -15,6 +15,7 @@ import operator
 
 import torch
 
+from .direct import direct_forward
 from .policy import (
     INFO_ATTR,
     call_args_reason,
@@ -28,6 +29,7 @@ from .tables import MODULES, ModuleEntry
 from .timing import timed
 
 CHOSE = "torch chosen"  # marker: torch runs because it measured faster, not a fallback
+_UNSET = object()  # SwapInfo.torch_direct not looked up yet
 
 
 class SwapInfo:
@@ -46,17 +48,19 @@ class SwapInfo:
 
     def __getstate__(self):
         d = dict(self.__dict__)
-        for k in ("sides", "stats", "ours_forward"):
+        for k in ("sides", "stats", "ours_forward", "torch_direct"):
             d.pop(k, None)
         return d
 
     def __setstate__(self, d):
         self.__dict__.update(d)
         # per call, looked up once: select's choices for this module by (training flag,
-        # call_key), the module's Stats, the counterpart's own forward
+        # call_key), the module's Stats, the counterpart's own forward, torch's forward
+        # as a direct ATen call (direct.py; None where there is none; built on first use)
         self.sides: dict = {}
         self.stats = None
         self.ours_forward = None
+        self.torch_direct = _UNSET
 
 
 _disabled = torch._C.DisableTorchFunction
@@ -126,8 +130,18 @@ def _fast_forward(self, info: SwapInfo, state, stats, args, kwargs):
             return _SLOW
         side = info.sides.get((self.training, key))
     if side == "torch":
-        if kwargs and call_args_reason(args, kwargs) is not None:
-            return _SLOW
+        if kwargs:
+            if call_args_reason(args, kwargs) is not None:
+                return _SLOW
+        else:
+            run = info.torch_direct
+            if run is _UNSET:
+                run = info.torch_direct = direct_forward(info.original)
+            if run is not None:
+                out = run(self, args)
+                if out is not NotImplemented:
+                    stats.chose_torch()
+                    return out
         stats.chose_torch()
         orig = info.original
         sync_to_original(self, orig, info.attrs)
