@@ -62,3 +62,19 @@ def test_softmax_attention_shape_vs_ort():
                                 providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     got = InferenceSession(m).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("spread", [80.0, 86.9, 87.0, 87.1, 95.0, 110.0])
+def test_softmax_rows_spanning_the_underflow_threshold(spread):
+    """The AVX2 row takes an exp without underflow handling when the row spans <= 87
+    (max - min), the general one otherwise: both sides of that line vs float64, with the
+    smallest entries (normal or denormal) right too."""
+    for n in (9, 40, 128, 1030):
+        g = torch.Generator().manual_seed(n)
+        x = torch.rand(4, n, generator=g) * -spread
+        x[:, 0] = 0.0
+        x[:, 1] = -spread
+        for log in (False, True):
+            op = K.LogSoftmax if log else K.Softmax
+            assert_close(op(x), _ref(x, log).float(), rtol=2e-6, atol=1e-44,
+                         msg=f"n={n} log={log}")

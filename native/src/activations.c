@@ -3,6 +3,7 @@
 #include "common.h"
 #include "blocksum.h"
 #include "softmax_avx2.h"
+#include "gelu_avx2.h"
 
 #define ORT_TEMPLATE "activations.inc"
 #define ORT_TEMPLATE2 "softmax.inc"

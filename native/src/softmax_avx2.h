@@ -58,33 +58,45 @@ __attribute__((target("avx2,fma"))) static inline double ort_sum8_pd(__m256 v)
     return _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
 }
 
-__attribute__((target("avx2,fma"))) static void
-ort_softmax_row_f32_avx2(const float *restrict x, float *restrict y, int64_t n, int log_)
+/* e^a for a in [-87, 0] or NaN (the caller has checked the range for the whole row):
+ * ort_exp_nonpos_scaled_avx2 without the clamp and the per-vector underflow test. */
+__attribute__((target("avx2,fma"), always_inline)) static inline __m256
+ort_exp_nonpos_inrange_avx2(__m256 a)
 {
-    int64_t i = 0;
-    __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
-    for (; i + 32 <= n; i += 32) {
-        m0 = _mm256_max_ps(m0, _mm256_loadu_ps(x + i));
-        m1 = _mm256_max_ps(m1, _mm256_loadu_ps(x + i + 8));
-        m2 = _mm256_max_ps(m2, _mm256_loadu_ps(x + i + 16));
-        m3 = _mm256_max_ps(m3, _mm256_loadu_ps(x + i + 24));
-    }
-    for (; i + 8 <= n; i += 8) m0 = _mm256_max_ps(m0, _mm256_loadu_ps(x + i));
-    m0 = _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3));
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m0), _mm256_extractf128_ps(m0, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
-    float m = _mm_cvtss_f32(h);
-    for (; i < n; i++) m = x[i] > m ? x[i] : m;
-    const __m256 vm = _mm256_set1_ps(m);
+    const __m256 magic = _mm256_set1_ps(12582912.0f);
+    __m256 t = _mm256_fmadd_ps(a, _mm256_set1_ps(1.44269504088896341f), magic);
+    __m256 n = _mm256_sub_ps(t, magic);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), a);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
+    __m256 p = _mm256_set1_ps(0.008290313184261322f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.04189793020486832f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.1666763573884964f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.4999915063381195f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.9999997019767761f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    /* t's low mantissa bits hold n (two's complement): shifted by 23 they are n << 23,
+     * the magic's own bits shift out */
+    __m256i e = _mm256_add_epi32(_mm256_slli_epi32(_mm256_castps_si256(t), 23),
+                                 _mm256_set1_epi32(127 << 23));
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e)); /* a NaN p stays NaN */
+}
 
+/* sum of e = exp(x - m) over the row, e stored into y unless log_; `inrange` (the row's
+ * max - min <= 87, known before) takes the exp without underflow handling */
+__attribute__((target("avx2,fma"), always_inline)) static inline double
+ort_softmax_sumexp_avx2(const float *restrict x, float *restrict y, int64_t n, float m,
+                        int log_, int inrange)
+{
+    const __m256 vm = _mm256_set1_ps(m);
     double s = 0;
     for (int64_t b = 0; b < n; b += 1024) {
         int64_t e = b + 1024 < n ? b + 1024 : n, j = b;
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
 #define SM_STEP(acc, off)                                                                \
     do {                                                                                 \
-        __m256 e_ = ort_exp_nonpos_scaled_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + j + (off)), vm)); \
+        __m256 d_ = _mm256_sub_ps(_mm256_loadu_ps(x + j + (off)), vm);                   \
+        __m256 e_ = inrange ? ort_exp_nonpos_inrange_avx2(d_)                            \
+                            : ort_exp_nonpos_scaled_avx2(d_);                            \
         if (!log_) _mm256_storeu_ps(y + j + (off), e_);                                 \
         acc = _mm256_add_ps(acc, e_);                                                    \
     } while (0)
@@ -96,15 +108,57 @@ ort_softmax_row_f32_avx2(const float *restrict x, float *restrict y, int64_t n, 
         }
         for (; j + 8 <= e; j += 8) SM_STEP(a0, 0);
 #undef SM_STEP
-        s += ort_sum8_pd(_mm256_add_ps(a0, a1)) + ort_sum8_pd(_mm256_add_ps(a2, a3));
+        s += ort_sum8_pd(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
         for (; j < e; j++) {
             float ev = ort_exp_nonpos_scaled_f32(x[j] - m);
             if (!log_) y[j] = ev;
             s += ev;
         }
     }
+    return s;
+}
+
+__attribute__((target("avx2,fma"))) static void
+ort_softmax_row_f32_avx2(const float *restrict x, float *restrict y, int64_t n, int log_)
+{
+    int64_t i = 0;
+    __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    __m256 l0 = _mm256_set1_ps(INFINITY), l1 = l0;
+    for (; i + 32 <= n; i += 32) {
+        __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
+        __m256 v2 = _mm256_loadu_ps(x + i + 16), v3 = _mm256_loadu_ps(x + i + 24);
+        m0 = _mm256_max_ps(m0, v0);
+        m1 = _mm256_max_ps(m1, v1);
+        m2 = _mm256_max_ps(m2, v2);
+        m3 = _mm256_max_ps(m3, v3);
+        l0 = _mm256_min_ps(l0, _mm256_min_ps(v0, v1));
+        l1 = _mm256_min_ps(l1, _mm256_min_ps(v2, v3));
+    }
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        m0 = _mm256_max_ps(m0, v);
+        l0 = _mm256_min_ps(l0, v);
+    }
+    m0 = _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3));
+    l0 = _mm256_min_ps(l0, l1);
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m0), _mm256_extractf128_ps(m0, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+    __m128 g = _mm_min_ps(_mm256_castps256_ps128(l0), _mm256_extractf128_ps(l0, 1));
+    g = _mm_min_ps(g, _mm_movehl_ps(g, g));
+    g = _mm_min_ss(g, _mm_shuffle_ps(g, g, 1));
+    float m = _mm_cvtss_f32(h), lo = _mm_cvtss_f32(g);
+    for (; i < n; i++) {
+        m = x[i] > m ? x[i] : m;
+        lo = x[i] < lo ? x[i] : lo;
+    }
+    /* no exp underflows (and none of m, lo is inf or NaN, so the test is false then) */
+    int inrange = m - lo <= 87.0f;
+    double s = inrange ? ort_softmax_sumexp_avx2(x, y, n, m, log_, 1)
+                       : ort_softmax_sumexp_avx2(x, y, n, m, log_, 0);
 
     i = 0;
+    const __m256 vm = _mm256_set1_ps(m);
     if (log_) {
         const __m256 lse = _mm256_set1_ps((float)log(s));
         for (; i + 8 <= n; i += 8)
