@@ -251,6 +251,27 @@ def route_steady(state, entry: FuncEntry, func, args, kwargs):
     return route_call(state, entry, func, args, kwargs, Stats())
 
 
+def steady_root():
+    """The ``State`` whose root forward this thread runs in steady state with no torch
+    function mode of ours on top (a "none" or "patch" plan, or a lean mode popped by a
+    swapped module), else None."""
+    return getattr(_tl, "root", None)
+
+
+class RoutersOff:
+    """Context: this thread's attribute routers pass calls straight to torch (a swapped
+    module that runs torch's forward runs it as torch's, as under a popped mode)."""
+
+    __slots__ = ("active",)
+
+    def __enter__(self):
+        self.active = getattr(_tl, "active", None)
+        _tl.active = None
+
+    def __exit__(self, *exc):
+        _tl.active = self.active
+
+
 class LeanKernelMode(TorchFunctionMode):
     """Steady state when a routed functional cannot be caught by its attribute: routes
     the functionals of ``FUNCTIONALS``, counts nothing."""
@@ -271,7 +292,8 @@ class LeanKernelMode(TorchFunctionMode):
 class RootRun:
     """What ``begin`` set up for one root forward, undone by ``end``."""
 
-    __slots__ = ("state", "mode", "census", "key", "patched", "active", "mode_prev")
+    __slots__ = ("state", "mode", "census", "key", "patched", "active", "mode_prev",
+                 "root_prev")
 
     def end(self, ok: bool) -> None:
         state = self.state
@@ -280,7 +302,7 @@ class RootRun:
             _pop()
         if self.patched:
             uninstall(self.patched)
-        _tl.active = self.active
+        _tl.active, _tl.root = self.active, self.root_prev
         if self.census is not None:
             _tl.mode = self.mode_prev
             if ok:  # a census cut short (an exception) decides nothing
@@ -296,6 +318,7 @@ def begin(state, module, args, kwargs) -> RootRun:
     run = RootRun()
     run.state, run.census, run.patched = state, None, ()
     run.active = getattr(_tl, "active", None)
+    run.root_prev = getattr(_tl, "root", None)
     plan = key = None
     if ENABLED and not state.timing and context_reason() is None:
         key = root_key(module, args, kwargs)
@@ -317,6 +340,7 @@ def begin(state, module, args, kwargs) -> RootRun:
             _tl.active = None
         return run
     state.forwards[1] += 1
+    _tl.root = state  # swapped modules take their short path without a mode (swap.py)
     kind = plan.kind
     if kind == "none":
         run.mode = None

@@ -23,6 +23,7 @@ from .policy import (
     exc_reason,
     module_call_reason,
 )
+from .census import LeanKernelMode, RoutersOff, steady_root
 from .routing import KernelMode
 from .select import call_key, choose, module_runner
 from .tables import MODULES, ModuleEntry
@@ -72,6 +73,7 @@ _autocast = torch.is_autocast_enabled
 _strided = torch.strided
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 _SLOW = object()  # _fast_forward's "take the general path"
+_OUR_MODES = (KernelMode, LeanKernelMode)
 
 
 def _wrapped_forward(self, *args, **kwargs):
@@ -91,7 +93,14 @@ def _wrapped_forward(self, *args, **kwargs):
     if not state.timing:
         n = _stack_len()
         top = _stack_at(n - 1) if n else None
-        if type(top) is KernelMode and top.state is state:
+        out = _SLOW
+        if top is None:
+            if steady_root() is state:
+                # a steady-state root forward without a mode (census.py); torch's side
+                # runs as torch's, as it does below with the mode popped
+                with RoutersOff():
+                    out = _fast_forward(self, info, state, stats, args, kwargs)
+        elif type(top) in _OUR_MODES and top.state is state:
             # the common call, inside the wrapped root's forward, of a signature seen
             # before: everything below runs with our kernel mode popped (no Python
             # __torch_function__ per tensor attribute read or per torch call)
@@ -100,11 +109,10 @@ def _wrapped_forward(self, *args, **kwargs):
                 out = _fast_forward(self, info, state, stats, args, kwargs)
             finally:
                 torch._C._push_on_torch_function_stack(top)
-            if type(out) is not _Fallback:
-                if out is not _SLOW:
-                    return out
-            else:
-                return _fall_back(self, info, state, stats, out.reason, args, kwargs)
+        if type(out) is _Fallback:
+            return _fall_back(self, info, state, stats, out.reason, args, kwargs)
+        if out is not _SLOW:
+            return out
     return _general_forward(self, info, state, stats, args, kwargs)
 
 
