@@ -321,6 +321,39 @@ def test_pool_2x2_fast_path_odd_widths(w):
         _close(xa.grad, xb.grad, torch.float32)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", [(64, 32, 8, 8), (5, 3, 4, 4), (2, 3, 2, 2), (3, 2, 6, 32),
+                                   (1, 1, 2, 34), (0, 3, 4, 4), (2, 3, 8, 9), (2, 3, 9, 8)])
+@pytest.mark.parametrize("dtype", DT)
+def test_max_pool_2x2_small_maps_exact(shape, dtype, threads):
+    """The short-row 2x2 path (input rows and columns exactly covered by the windows, up
+    to 16 outputs per row; 8x9 / 9x8 / 2x34 take the row path): Y and dX equal torch's
+    bit for bit, ties (first maximum), NaN (it wins) and zero gradients included."""
+    torch.set_num_threads(threads)
+    try:
+        x = torch.randn(*shape, dtype=dtype)
+        if x.numel():
+            x.view(-1)[::7] = x.view(-1)[1::7][: x.view(-1)[::7].numel()]  # ties
+            x.view(-1)[5::97] = float("nan")
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ya, yb = ops.max_pool2d(xa, 2), F.max_pool2d(xb, 2)
+        torch.testing.assert_close(ya, yb, rtol=0, atol=0, equal_nan=True)
+        g = torch.randn_like(yb)
+        g.view(-1)[::5] = 0
+        ya.backward(g)
+        yb.backward(g)
+        torch.testing.assert_close(xa.grad, xb.grad, rtol=0, atol=0, equal_nan=True)
+    finally:
+        torch.set_num_threads(1)
+
+
+def test_max_pool_2x2_small_map_gradcheck():
+    x = torch.randn(3, 2, 4, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: ops.max_pool2d(t, 2), (x,))
+    x = torch.randn(2, 8, 8, dtype=torch.float64, requires_grad=True)  # unbatched
+    assert torch.autograd.gradcheck(lambda t: ops.max_pool2d(t, 2), (x,))
+
+
 def test_pool_gradcheck():
     x = torch.randn(2, 2, 5, 6, dtype=torch.float64, requires_grad=True)
     x3 = torch.randn(1, 2, 4, 5, 4, dtype=torch.float64, requires_grad=True)
