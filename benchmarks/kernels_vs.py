@@ -14,8 +14,8 @@ ratios torch/ours and ort/ours (> 1: ours faster). The machine is shared: the lo
 the CPU time other processes took meanwhile are printed. Targets (issues 14-16): ours
 no slower than the fastest other side on GELU, softmax and LayerNorm rows, and auto's
 GEMM choice within 5 % of the faster backend. Writes
-``benchmarks/results/kernels_vs.{json,md}`` (filtered or --quick runs:
-``kernels_vs_partial.*``).
+``benchmarks/results/kernels_vs_<threads>t.{json,md}`` (filtered or --quick runs:
+``kernels_vs_<threads>t_partial.*``).
 """
 
 from __future__ import annotations
@@ -373,7 +373,7 @@ def main(argv=None):
         ratios = ", ".join(f"{k} {v:.2f}" for k, v in r.items() if k.endswith(("_ours", "_auto",
                                                                                 "_best")))
         md.append(f"| {r['name']} | {sides} | {ratios} |")
-    stem = "kernels_vs" if not (args.filter or args.quick) else "kernels_vs_partial"
+    stem = f"kernels_vs_{args.threads}t" + ("_partial" if args.filter or args.quick else "")
     write_results(stem, result, "\n".join(md) + "\n")
 
 

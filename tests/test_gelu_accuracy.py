@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ortcpu_torch import kernels as K
-from ortcpu_torch._native import loader
+from ortcpu_torch._native import lib, loader, ptr
 
 from .conftest import assert_close
 
@@ -104,3 +104,22 @@ def test_gelu_float32_agrees_with_torch_where_torch_is_accurate():
     xt = x.clone().requires_grad_()
     (g,) = torch.autograd.grad(torch.nn.functional.gelu(xt), xt, dy)
     assert_close(K.GeluGrad(dy, x), g, rtol=1e-5, atol=1e-6)
+
+
+def test_gelu_native_kernels_in_place():
+    """The executor may hand the native kernels an output that is an input's buffer:
+    y = x (forward), dx = dy or dx = x (backward), with fast and fallback vectors."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 37, generator=g) * 3
+    dy = torch.randn(4, 37, generator=g)
+    ref, ref_slope = _ref(x)
+    want_dx = (dy.double() * ref_slope).float()
+    y = x.clone()
+    assert lib.ortcpu_gelu_forward_f32(ptr(y), ptr(None), ptr(y), 4, 37, 0, 1) == 0
+    assert_close(y, ref.float(), rtol=1e-6, atol=1e-30)
+    for alias in ("dy", "x"):
+        xx, dd = x.clone(), dy.clone()
+        out = dd if alias == "dy" else xx
+        assert lib.ortcpu_gelu_backward_f32(ptr(dd), ptr(xx), ptr(None), ptr(out), ptr(None),
+                                            4, 37, 0, 1) == 0
+        assert_close(out, want_dx, rtol=2e-6, atol=1e-6, msg=alias)

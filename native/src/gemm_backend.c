@@ -72,12 +72,14 @@ static int bucket(int64_t v)
     return b; /* ceil(log2 v): 1 -> 0, 2 -> 1, 3..4 -> 2, ... */
 }
 
+#define CLASS_THREADED_SHIFT 17 /* the class key's "threaded" bit */
+
 uint32_t ort_gemm_class(int is_f64, int packed, int trans_a, int trans_b, int64_t m,
                         int64_t n, int64_t k, int threaded)
 {
     return (uint32_t)bucket(m) | (uint32_t)bucket(n) << 5 | (uint32_t)bucket(k) << 10 |
            (uint32_t)(trans_a != 0) << 15 | (uint32_t)(trans_b != 0) << 16 |
-           (uint32_t)(threaded != 0) << 17 | (uint32_t)(packed != 0) << 18 |
+           (uint32_t)(threaded != 0) << CLASS_THREADED_SHIFT | (uint32_t)(packed != 0) << 18 |
            (uint32_t)(is_f64 != 0) << 19;
 }
 
@@ -130,19 +132,22 @@ int ort_gemm_backend_known(uint32_t cls, int packed, int is_f64)
     return c == SLOT_MEASURING ? 0 : c;
 }
 
-static double now_seconds(void)
+/* the calling thread's CPU time (single-threaded trials: time other processes take
+ * from the core is not counted), else wall time */
+static double now_seconds(int thread_cpu)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(thread_cpu ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* Best of TRIAL_ROUNDS alternating rounds per backend; each round repeats a small GEMM
  * up to ~TRIAL_FLOPS so the clock resolves it. Under load (other processes on the cores)
- * the minimum is the least disturbed draw. */
+ * the minimum is the least disturbed draw; single-threaded classes are timed in the
+ * thread's CPU time, which preemption does not inflate. */
 #define TRIAL_ROUNDS 3
 #define TRIAL_FLOPS 4e6
-static int measure(double flops, ort_gemm_trial_fn trial, void *ctx)
+static int measure(double flops, int threaded, ort_gemm_trial_fn trial, void *ctx)
 {
     int reps = flops >= TRIAL_FLOPS ? 1 : (int)(TRIAL_FLOPS / (flops > 1 ? flops : 1));
     if (reps > 64) reps = 64;
@@ -151,9 +156,9 @@ static int measure(double flops, ort_gemm_trial_fn trial, void *ctx)
     trial(ctx, ORT_BE_MKL);
     for (int r = 0; r < TRIAL_ROUNDS; r++)
         for (int be = ORT_BE_OPENBLAS; be <= ORT_BE_MKL; be++) {
-            double t0 = now_seconds();
+            double t0 = now_seconds(!threaded);
             for (int i = 0; i < reps; i++) trial(ctx, be);
-            double dt = now_seconds() - t0;
+            double dt = now_seconds(!threaded) - t0;
             if (dt < best[be]) best[be] = dt;
         }
     return best[ORT_BE_MKL] < best[ORT_BE_OPENBLAS] ? ORT_BE_MKL : ORT_BE_OPENBLAS;
@@ -170,7 +175,8 @@ int ort_gemm_backend_for(uint32_t cls, int packed, int is_f64, double flops,
     pthread_mutex_unlock(&class_lock);
     /* another thread is timing this class: OpenBLAS meanwhile */
     if (!mine) return c == SLOT_MEASURING ? ORT_BE_OPENBLAS : c;
-    int be = trial ? measure(flops, trial, ctx) : ORT_BE_OPENBLAS;
+    int threaded = (cls >> CLASS_THREADED_SHIFT) & 1;
+    int be = trial ? measure(flops, threaded, trial, ctx) : ORT_BE_OPENBLAS;
     pthread_mutex_lock(&class_lock);
     class_choice[s] = (uint8_t)be;
     pthread_mutex_unlock(&class_lock);
