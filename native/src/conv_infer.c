@@ -3,21 +3,23 @@
  * residual addend and ReLU applied as each output tile leaves the registers.
  *
  * The convolution is an implicit GEMM: Y[m, p] = sum_k W[m, k] B[k, p] with k = (c, kh,
- * kw) and B never built. The input of one sample is copied once into a zero-padded,
- * stride-phase-split buffer (plane (a, b) holds padded rows a, a + s_h, ... and columns
- * b, b + s_w, ...; only the phases some kernel offset reads), Hq x Wq per plane, Wq =
- * OW + the largest column shift. Output positions are then numbered over an OH x Wq grid
- * (the columns past OW are computed and dropped), so for every k the NR consecutive
- * positions of a tile read NR consecutive elements, at a fixed offset off[k] of the
- * buffer: one unaligned vector load per k and half tile. A 1x1 stride-1 unpadded
- * convolution reads X itself (no copy): a GEMM straight on NCHW.
+ * kw). The input of one sample is copied once into a zero-padded, stride-phase-split
+ * buffer (plane (a, b) holds padded rows a, a + s_h, ... and columns b, b + s_w, ...;
+ * only the phases some kernel offset reads), Hq x Wq per plane, so that tap k of output
+ * position (oh, ow) is element off[k] + oh * Wq + ow: a row of outputs reads a contiguous
+ * run for every tap. A 1x1 stride-1 unpadded convolution reads X itself (no copy: a GEMM
+ * straight on NCHW).
  *
- * Register tile: MR = 6 output channels x NR = 2 vectors of positions (16 float32 /
- * 8 float64), 12 accumulators; weights packed per group in panels of MR channels,
- * [K][MR] each (channels past the group's zero). Positions are blocked so that one
- * block's input columns (K x block) stay in L2 while the MR-channel panels stream over
- * it. Threads split (sample, position block, channel-panel range) tasks; the copy into
- * the padded buffer is split over (sample, channel) first. One parallel region a call.
+ * Register tile: MR = 6 output channels x NR = 2 vectors of output positions (16 float32
+ * / 8 float64), 12 accumulators. Weights are packed per group in panels of MR channels,
+ * [K][MR] each (channels past the group's zero). Output positions are blocked so that a
+ * block's columns for one slice of at most CI_KC taps, packed [chunk][tap][NR] (a chunk
+ * of NR consecutive outputs gathered from one to a few row runs), stay near L2 while the
+ * panels stream over them; partial sums of sliced taps wait in a per-task buffer. Every
+ * full tile is NR consecutive outputs of Y, stored straight from the registers with the
+ * epilogue. Threads split (sample, position block, channel-panel range) tasks; the copy
+ * into the padded buffer is split over (sample, channel) first. One parallel region a
+ * call.
  *
  * NaN propagates as in a plain convolution (padding is zeros; dropped columns and
  * channels are never stored); ReLU keeps NaN (v < 0 ? 0 : v). */
