@@ -517,6 +517,22 @@ int ortcpu_conv_backward_f32(const float *dy, const float *x, const float *w, fl
 int ortcpu_conv_backward_f64(const double *dy, const double *x, const double *w, double *dx,
                              double *dw, double *db, const int64_t *geom, int nthreads);
 
+/* ---- inference convolution (graph executor), conv_infer.c ----------------------
+ * 2-D only (1-D as H = 1). geom[16]: N, C, H, W, M, group, KH, KW, OH, OW, stride h/w,
+ * pad top/left (>= 0; the end pads follow from OH/OW), dilation h/w. The weights
+ * w [M, C/group, KH, KW] are packed once (conv_infer_pack) into conv_infer_packed_size
+ * elements; then y [N,M,OH,OW] = relu?(conv(x, w) + b + res), b [M] and res (y's shape)
+ * may be NULL, relu 0/1. */
+int ortcpu_conv_infer_packed_size(const int64_t *geom, int64_t *elements);
+int ortcpu_conv_infer_pack_f32(const float *w, const int64_t *geom, float *packed);
+int ortcpu_conv_infer_pack_f64(const double *w, const int64_t *geom, double *packed);
+int ortcpu_conv_infer_f32(const float *x, const float *packed, const float *b,
+                          const float *res, float *y, const int64_t *geom, int relu,
+                          int nthreads);
+int ortcpu_conv_infer_f64(const double *x, const double *packed, const double *b,
+                          const double *res, double *y, const int64_t *geom, int relu,
+                          int nthreads);
+
 /* ---- pooling (spec §6.2, §6.3), pool.c --------------------------------------
  * geom[22]: planes (N*C), in[3], kernel[3], out[3], strides[3], pads_begin[3],
  * pads_end[3], dilations[3]. idx (may be NULL): flat offsets into the whole input.

@@ -25,6 +25,7 @@ from ..kernels.norm import rows_cols
 from ..kernels.pool import pool_geometry
 from ..kernels.tensor import slice_plan
 from . import ops_training  # noqa: F401  (its bindings take precedence over the generic ones)
+from .conv_infer import bind_static_conv
 from .dtypes import ONNX_TO_TORCH
 from .fusions import INTERNAL_DOMAIN
 from .op_table import MS_DOMAIN, ONNX_DOMAIN, lookup, op
@@ -347,8 +348,16 @@ def _conv(ctx):
     offset = ctx.attrs.pop("ortcpu_out_offset", None)  # Concat in place (fusions.py)
     generic = _float_or(bind_kernel("Conv", ctx), _not_supported("Conv"), ctx)
     conv = _conv_static(ctx, generic) or generic
+    steps = epilogue_steps(ctx.node)
+    packed = None
+    if conv is not generic and ctx.has_input(1):  # the inference kernel, where it measures faster
+        packed = bind_static_conv(conv, ctx.const(1), *conv.geometry, ctx.dtype(0), steps,
+                                  offset is not None)
     if offset is None:
-        return conv
+        if packed is None:
+            return conv
+        packed.with_epilogue = lambda s: packed if s == steps else None
+        return packed
     out_shape = ctx.output_shapes[0] if ctx.output_shapes else None
     if out_shape is None or not all(isinstance(d, int) for d in out_shape):
         raise ctx.error("a Conv written into its Concat needs a static output shape")
@@ -357,11 +366,24 @@ def _conv(ctx):
     def conv_into(x, w, b, buf):
         """Y in its slice of the Concat's buffer ``buf`` (a contiguous run at batch 1)."""
         y = buf.view(-1)[offset:offset + numel].view(out_shape)
+        if packed is not None:
+            return packed(x, w, b, y)
         r = conv(x, w, b, out=y) if conv is not generic else generic(x, w, b)
         if r is not y:
             y.copy_(r)
         return y
+    if packed is not None:
+        conv_into.with_epilogue = lambda s: conv_into if s == steps else None
+        conv_into.choice = packed
     return conv_into
+
+
+def epilogue_steps(node) -> list:
+    """The ``ortcpu_epilogue`` steps fusions.py put on ``node`` ([] when none)."""
+    for a in node.attribute:
+        if a.name == "ortcpu_epilogue":
+            return [s.decode() if isinstance(s, bytes) else s for s in a.strings]
+    return []
 
 
 @kernel_op("ConcatBuffer", domain=INTERNAL_DOMAIN, pure=False)
@@ -419,6 +441,7 @@ def _conv_static(ctx, generic):
         check_status(fwd(ptr(x), ptr(w), ptr(b), ptr(y), cgeom, get_num_threads()), "Conv")
         return y
     conv.keep = cgeom
+    conv.geometry = (geom, out_shape, xs, bs)
     return conv
 
 

@@ -1,0 +1,194 @@
+"""The inference Conv of the graph executor (native/src/conv_infer.c): weights packed once
+per plan, a direct convolution on NCHW with the bias, a residual addend and ReLU applied
+as the output leaves the registers (no im2col buffer, no extra passes over Y).
+
+Which of it and the training kernel (``conv_forward``: im2col/Winograd/depthwise + GEMM,
+the epilogue as separate in-place passes) runs a Conv is decided per shape by measurement:
+the first run of a plan times both on its real inputs (wall time, the plan's thread
+count, best of a few alternating rounds) and keeps the faster; decisions are cached per
+(geometry, dtype, epilogue, threads) for the process, so later plans of the same shapes
+do not time again.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import torch
+
+from .._native import check_status, empty, ffi, get_num_threads, lib, native_fn, ptr
+
+#: (geometry, dtype, bias?, steps, into a buffer?, threads) -> "packed" / "training"
+_DECIDED: dict[tuple, str] = {}
+#: "auto" (measure), or "packed" / "training" for every Conv bound from now on
+_MODE = [os.environ.get("ORTCPU_GRAPH_CONV", "auto").strip().lower() or "auto"]
+MODES = ("auto", "packed", "training")
+if _MODE[0] not in MODES:
+    raise ValueError(f"ORTCPU_GRAPH_CONV must be one of {MODES}, got {_MODE[0]!r}")
+#: timing rounds per candidate (alternating), after one warm-up call each
+ROUNDS = 3
+#: a round repeats a call until it has run at least this long (the clock resolves it)
+MIN_ROUND_S = 2e-4
+
+
+def infer_geometry(geom: list) -> list | None:
+    """conv_infer's 16-entry geometry for ``conv_geometry``'s (1-D/2-D, begin pads >= 0),
+    else None."""
+    n, c, m, group = geom[0:4]
+    ins, k, out, s, p, d = (geom[4 + 3 * i: 7 + 3 * i] for i in range(6))
+    if ins[0] != 1 or k[0] != 1 or out[0] != 1 or p[0] != 0 or p[1] < 0 or p[2] < 0 or \
+            s[1] > 64 or s[2] > 64 or out[1] < 1 or out[2] < 1:
+        return None
+    return [n, c, ins[1], ins[2], m, group, k[1], k[2], out[1], out[2], s[1], s[2], p[1],
+            p[2], d[1], d[2]]
+
+
+class PackedConv:
+    """One Conv geometry with its weight packed: ``run(x, b, res, relu, out)`` ->
+    relu?(conv(x, W) + b + res) into ``out`` (a fresh tensor when None). Inputs must be
+    contiguous tensors of the geometry's shapes and dtype (the caller checks)."""
+
+    def __init__(self, w: torch.Tensor, geom: list, out_shape: tuple):
+        self.dtype = w.dtype
+        self.out_shape = tuple(out_shape)
+        self.geom = ffi.new("int64_t[]", geom)
+        size = ffi.new("int64_t *")
+        check_status(lib.ortcpu_conv_infer_packed_size(self.geom, size), "Conv")
+        self.packed = torch.empty(size[0], dtype=w.dtype)
+        w = w.contiguous()
+        check_status(native_fn("conv_infer_pack", w.dtype)(ptr(w), self.geom,
+                                                           ptr(self.packed)), "Conv")
+        self._fn = native_fn("conv_infer", w.dtype)
+
+    def run(self, x, b=None, res=None, relu=False, out=None):
+        y = empty(self.out_shape, self.dtype) if out is None else out
+        check_status(self._fn(ptr(x), ptr(self.packed), ptr(b), ptr(res), ptr(y), self.geom,
+                              1 if relu else 0, get_num_threads()), "Conv")
+        return y
+
+
+def set_mode(mode: str) -> None:
+    """``"auto"``: each Conv signature runs on whichever kernel measured faster (the
+    default; ``ORTCPU_GRAPH_CONV`` sets it at import); ``"packed"`` / ``"training"``: that
+    kernel for every Conv whose first run comes after this call (reproducible rounding,
+    e.g. for outputs that are exact ties)."""
+    if mode not in MODES:
+        raise ValueError(f"set_mode: mode must be one of {MODES}, got {mode!r}")
+    _MODE[0] = mode
+
+
+def get_mode() -> str:
+    return _MODE[0]
+
+
+def measured_choice(key: tuple, candidates: dict):
+    """A callable running the faster of ``candidates`` (name -> callable, same signature,
+    no side effects beyond their output), timed on the first call's arguments."""
+    chosen = [candidates[_DECIDED[key]]] if key in _DECIDED and _MODE[0] == "auto" else []
+
+    def run(*args):
+        if not chosen:
+            mode = _MODE[0]
+            chosen.append(candidates[mode if mode in candidates else
+                                     _pick(key, candidates, args)])
+        return chosen[0](*args)
+
+    def force(name):
+        """Run ``candidates[name]`` from now on (benchmarks compare the two)."""
+        chosen[:] = [candidates[name]]
+    run.__name__ = run.__qualname__ = "measured_choice"
+    run.candidates = candidates
+    run.force = force
+    run.key = key
+    return run
+
+
+def _pick(key, candidates, args) -> str:
+    best = dict.fromkeys(candidates, math.inf)
+    reps = {}
+    for name, f in candidates.items():  # warm-up; its time sets the repetitions
+        t0 = time.perf_counter()
+        f(*args)
+        dt = time.perf_counter() - t0
+        reps[name] = max(1, min(50, int(MIN_ROUND_S / max(dt, 1e-7))))
+    for _ in range(ROUNDS):
+        for name, f in candidates.items():
+            n = reps[name]
+            t0 = time.perf_counter()
+            for _ in range(n):
+                f(*args)
+            best[name] = min(best[name], (time.perf_counter() - t0) / n)
+    choice = min(best, key=best.get)
+    _DECIDED[key] = choice
+    return choice
+
+
+def decisions() -> dict:
+    """The choices made so far (key -> "packed" / "training"), for reports and benchmarks."""
+    return dict(_DECIDED)
+
+
+def bind_static_conv(generic, w_const, geom, out_shape, xs, bs, dt, steps, into_buffer):
+    """The Conv callable of a plan whose X/W/B signature is static and W (and B) constant:
+    ``generic`` (the training kernel's static binding, ``generic(x, w, b, out=None)``) and
+    the packed inference kernel, chosen by ``measured_choice``; ``steps``: the fused
+    epilogue ("add" residual as the last argument, then "relu") or [] / None. Returns
+    ``fn(x, w, b, *rest)`` with the same arguments as the node, or None when the packed
+    kernel does not apply."""
+    g16 = infer_geometry(geom)
+    if g16 is None or not isinstance(w_const, torch.Tensor) or w_const.dtype != dt:
+        return None
+    steps = list(steps or [])
+    if steps not in ([], ["relu"], ["add"], ["add", "relu"]):
+        return None
+    if into_buffer and "add" in steps:
+        return None
+    packed = PackedConv(w_const, g16, out_shape)
+    relu, add = "relu" in steps, "add" in steps
+    ws = w_const.shape
+
+    def fits(x, w, b, r=None):
+        return w is w_const and x.dtype == dt and x.shape == xs and x.is_contiguous() and \
+            (b is None or (b.dtype == dt and b.shape == bs and b.is_contiguous())) and \
+            (r is None or (r.dtype == dt and r.shape == packed.out_shape and
+                           r.is_contiguous()))
+
+    def slow(x, w, b, r=None, out=None):  # the generic binding + torch epilogue
+        y = generic(x, w, b, out=out) if out is not None else generic(x, w, b)
+        if out is not None and y is not out:  # the registry kernel took other inputs
+            y = out.copy_(y)
+        if r is not None:
+            y.add_(r)
+        return y.relu_() if relu else y
+
+    if add:
+        def infer(x, w, b, r):
+            if not fits(x, w, b, r) or ws != w.shape:
+                return slow(x, w, b, r)
+            return packed.run(x, b, r, relu)
+
+        def gen(x, w, b, r):
+            return slow(x, w, b, r)
+    elif into_buffer:
+        def infer(x, w, b, out):
+            if not fits(x, w, b) or not out.is_contiguous():
+                return slow(x, w, b, out=out)
+            return packed.run(x, b, None, relu, out)
+
+        def gen(x, w, b, out):
+            return slow(x, w, b, out=out)
+    else:
+        def infer(x, w, b=None):
+            if not fits(x, w, b):
+                return slow(x, w, b)
+            return packed.run(x, b, None, relu)
+
+        def gen(x, w, b=None):
+            return slow(x, w, b)
+    key = (tuple(g16), dt, bs is not None, tuple(steps), bool(into_buffer),
+           get_num_threads())
+    fn = measured_choice(key, {"packed": infer, "training": gen})
+    fn.keep = packed
+    return fn

@@ -1,0 +1,195 @@
+"""The executor's inference Conv (native/src/conv_infer.c, graph/conv_infer.py): the packed
+kernel vs torch's conv2d forward in float64 (float32 and float64 inputs; odd channel
+counts, strides, pads, dilations, groups, size-1 maps, batch 1 and 8, bias / residual /
+ReLU epilogues, NaN), and through whole graphs (Conv+Relu, Conv+Add+Relu, Convs written
+into their Concat) with each of the two measured candidates forced."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from onnx import TensorProto as TP
+from onnx import helper, numpy_helper
+
+from ortcpu_torch._native import KernelError
+from ortcpu_torch.graph import InferenceSession, conv_infer
+from ortcpu_torch.graph.conv_infer import PackedConv, infer_geometry
+from ortcpu_torch.kernels.conv import conv_geometry
+
+DTYPES = [torch.float32, torch.float64]
+TOL = {torch.float32: 2e-6, torch.float64: 1e-13}
+
+# (N, C, H, W, M, kernel, stride, pads (t, l, b, r), dilation, group)
+CASES = [
+    (1, 3, 224, 224, 64, (3, 3), (2, 2), (0, 0, 0, 0), (1, 1), 1),   # squeezenet conv1
+    (1, 3, 40, 40, 8, (7, 7), (2, 2), (3, 3, 3, 3), (1, 1), 1),      # resnet conv1 style
+    (1, 16, 55, 55, 64, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),    # 1x1 read in place
+    (8, 7, 6, 5, 13, (1, 1), (2, 2), (0, 0, 0, 0), (1, 1), 1),       # 1x1 stride 2
+    (2, 5, 7, 9, 7, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    (1, 6, 9, 11, 9, (3, 2), (2, 3), (1, 2, 0, 1), (2, 1), 3),       # asymmetric, groups
+    (3, 8, 13, 13, 10, (5, 5), (1, 1), (2, 2, 2, 2), (1, 1), 2),
+    (2, 6, 8, 8, 6, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 6),        # depthwise
+    (1, 1, 1, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),        # size-1 everything
+    (8, 3, 1, 1, 5, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),        # 1x1 map, batch 8
+    (1, 2, 5, 5, 3, (3, 3), (3, 3), (4, 4, 4, 4), (2, 2), 1),        # pads beyond the map
+    (8, 9, 10, 7, 11, (3, 3), (1, 2), (0, 1, 2, 0), (1, 1), 1),
+    (1, 4, 17, 9, 6, (1, 3), (1, 1), (0, 1, 0, 1), (1, 3), 2),
+    (1, 33, 14, 14, 40, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),    # taps in 2 slices
+    (2, 600, 5, 3, 13, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),     # 3 slices, in place
+]
+
+
+def _reference(x, w, b, r, stride, pads, dil, group, relu):
+    t, left, bot, right = pads
+    xp = F.pad(x.double(), (left, right, t, bot))
+    ref = F.conv2d(xp, w.double(), None if b is None else b.double(), stride, 0, dil, group)
+    if r is not None:
+        ref = ref + r.double()
+    return ref.relu() if relu else ref
+
+
+def _packed(x, w, stride, pads, dil, group):
+    geom, out = conv_geometry("Conv", x, w, pads=list(pads), strides=list(stride),
+                              dilations=list(dil), group=group)
+    g16 = infer_geometry(geom)
+    assert g16 is not None
+    return PackedConv(w, g16, out), out
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES)
+def test_packed_conv_vs_torch(case, dtype):
+    n, c, h, wd, m, k, s, p, d, g = case
+    gen = torch.Generator().manual_seed(hash(case) % 1000)
+    x = torch.randn(n, c, h, wd, generator=gen, dtype=dtype)
+    w = torch.randn(m, c // g, *k, generator=gen, dtype=dtype)
+    b = torch.randn(m, generator=gen, dtype=dtype)
+    pc, out = _packed(x, w, s, p, d, g)
+    r = torch.randn(out, generator=gen, dtype=dtype)
+    for bias, res, relu in [(None, None, False), (b, None, True), (b, r, True), (None, r, False)]:
+        y = pc.run(x, bias, res, relu)
+        ref = _reference(x, w, bias, res, s, p, d, g, relu)
+        assert y.shape == ref.shape and y.dtype == dtype
+        err = (y.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)
+        assert err < TOL[dtype], (case, bias is not None, res is not None, relu, float(err))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nan_propagates(dtype):
+    x = torch.randn(2, 4, 6, 6, dtype=dtype)
+    x[0, 1, 2, 3] = float("nan")
+    x[1, 3, 0, 0] = float("inf")
+    w = torch.randn(5, 4, 3, 3, dtype=dtype)
+    pc, _ = _packed(x, w, (1, 1), (1, 1, 1, 1), (1, 1), 1)
+    y = pc.run(x, None, None, True)
+    ref = F.conv2d(x, w, padding=1).relu()
+    assert torch.equal(y.isnan(), ref.isnan())
+    fin = ~ref.isnan()
+    torch.testing.assert_close(y[fin], ref[fin])
+
+
+def test_geometry_outside_the_kernel():
+    x, w = torch.empty(1, 2, 3, 4, 5), torch.empty(3, 2, 1, 1, 1)
+    geom, _ = conv_geometry("Conv", x, w)
+    assert infer_geometry(geom) is None  # 3-D: the training kernel
+    x2, w2 = torch.empty(1, 2, 8, 8), torch.empty(3, 2, 3, 3)
+    geom, _ = conv_geometry("Conv", x2, w2, pads=[1, 1, 1, 1])
+    assert infer_geometry(geom) is not None
+    geom[17] = -1  # a negative begin pad (the registry rejects it; the mapping too)
+    assert infer_geometry(geom) is None
+
+
+def test_bad_geometry_is_an_error_not_a_crash():
+    w = torch.randn(4, 3, 3, 3)
+    bad = [1, 3, 8, 8, 4, 2, 3, 3, 6, 6, 1, 1, 0, 0, 1, 1]  # 3 channels, group 2
+    with pytest.raises(KernelError, match="conv_infer"):
+        PackedConv(w, bad, (1, 4, 6, 6))
+
+
+# ---- through the executor ---------------------------------------------------------------
+
+
+def _conv_graph(dtype, kind):
+    """x -> Conv(3x3) [+ residual Add] + Relu, or two Convs + Relu into a channel Concat."""
+    elem = TP.FLOAT if dtype == torch.float32 else TP.DOUBLE
+    rng = np.random.default_rng(1)
+    npd = np.float32 if dtype == torch.float32 else np.float64
+    w = numpy_helper.from_array(rng.standard_normal((6, 5, 3, 3)).astype(npd), "w")
+    b = numpy_helper.from_array(rng.standard_normal(6).astype(npd), "b")
+    w1 = numpy_helper.from_array(rng.standard_normal((6, 5, 1, 1)).astype(npd), "w1")
+    inits = [w, b, w1]
+    conv = helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1])
+    if kind == "relu":
+        nodes = [conv, helper.make_node("Relu", ["c"], ["y"])]
+        out = [1, 6, 9, 9]
+    elif kind == "residual":
+        nodes = [helper.make_node("Conv", ["x", "w1", "b"], ["skip"]), conv,
+                 helper.make_node("Add", ["c", "skip"], ["s"]),
+                 helper.make_node("Relu", ["s"], ["y"])]
+        out = [1, 6, 9, 9]
+    else:
+        nodes = [conv, helper.make_node("Relu", ["c"], ["r0"]),
+                 helper.make_node("Conv", ["x", "w1", "b"], ["c1"]),
+                 helper.make_node("Relu", ["c1"], ["r1"]),
+                 helper.make_node("Concat", ["r0", "r1"], ["y"], axis=1)]
+        out = [1, 12, 9, 9]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", elem, [1, 5, 9, 9])],
+                          [helper.make_tensor_value_info("y", elem, out)], initializer=inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    t = {i.name: torch.from_numpy(numpy_helper.to_array(i).copy()) for i in inits}
+    return m, t
+
+
+def _graph_reference(kind, x, t):
+    c = F.conv2d(x, t["w"], t["b"], padding=1)
+    if kind == "relu":
+        return c.relu()
+    skip = F.conv2d(x, t["w1"], t["b"])
+    if kind == "residual":
+        return (c + skip).relu()
+    return torch.cat([c.relu(), skip.relu()], 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["relu", "residual", "concat"])
+def test_graph_both_candidates(kind, dtype):
+    m, t = _conv_graph(dtype, kind)
+    sess = InferenceSession(m)
+    x = torch.randn(1, 5, 9, 9, dtype=dtype)
+    ref = _graph_reference(kind, x.double(), {k: v.double() for k, v in t.items()})
+    ex = sess.executor
+    plan = ex.plan_for(ex.positional({"x": x}))
+    choosers = [getattr(b.fn, "choice", b.fn) for b in plan.bound if b.node.op_type == "Conv"]
+    choosers = [c for c in choosers if hasattr(c, "force")]
+    assert choosers, "no Conv bound to the measured choice"
+    assert any("Relu" in f for f in plan.fusions)
+    for name in ("packed", "training"):
+        for c in choosers:
+            c.force(name)
+        y = sess.run(None, {"x": x})[0]
+        torch.testing.assert_close(y.double(), ref, rtol=TOL[dtype] * 10, atol=TOL[dtype] * 10)
+    # a run with a different input shape takes another plan; a non-contiguous x the
+    # generic path inside the same binding
+    xs = torch.randn(1, 5, 9, 18, dtype=dtype)[..., ::2]
+    y = sess.run(None, {"x": xs})[0]
+    ref = _graph_reference(kind, xs.double(), {k: v.double() for k, v in t.items()})
+    torch.testing.assert_close(y.double(), ref, rtol=TOL[dtype] * 10, atol=TOL[dtype] * 10)
+
+
+def test_measured_choice_decides_once_per_signature():
+    m, t = _conv_graph(torch.float32, "residual")
+    x = torch.randn(1, 5, 9, 9)
+    ref = _graph_reference("residual", x.double(), {k: v.double() for k, v in t.items()})
+    conv_infer.set_mode("auto")  # (the conftest fixture restores "packed")
+    before = conv_infer.decisions()
+    y = InferenceSession(m).run(None, {"x": x})[0]
+    torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5)
+    new = {k: v for k, v in conv_infer.decisions().items() if k not in before}
+    assert all(v in ("packed", "training") for v in new.values())
+    # a second session of the same shapes reuses the decisions (no new keys)
+    InferenceSession(m).run(None, {"x": x})
+    assert set(conv_infer.decisions()) == set(before) | set(new)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        conv_infer.set_mode("fastest")
