@@ -1,8 +1,9 @@
 """Steady state of a wrapped root's forward: what it costs the torch calls we do not route.
 
-Under the counting ``KernelMode`` every torch call of the forward pays a Python
-``__torch_function__`` (a frame walk to find the calling module, a counter): ~6 us
-against ~2.6 us for the call itself, and a transformer step makes ~1000 such calls. So
+Under the counting ``KernelMode`` every torch call of the forward (outside swapped
+modules) pays a Python ``__torch_function__`` (a frame walk to find the calling module,
+a counter): ~6-15 us against ~2 us for a small call itself (``benchmarks/mode_tax.py``),
+and the small Hugging Face models of ``benchmarks/models.py`` make 50-130 per forward. So
 the mode counts only a *census*: the first forward of each root input signature
 (``root_key``: shapes, dtypes and ``requires_grad`` of the tensor arguments, the other
 arguments' values or types, the training flag, grad mode). The census decides the plan
