@@ -167,6 +167,11 @@ def _router(entry: FuncEntry, orig):
             _tl.active = state
 
     functools.update_wrapper(router, orig)
+    # picklable by reference (code holding the functional it read during a patched
+    # forward holds the router): a name of this module; it behaves as torch's outside
+    router.__module__, router.__qualname__ = __name__, (
+        f"_router_{entry.name.replace('.', '_')}_{orig.__name__}")
+    globals()[router.__qualname__] = router
     return router
 
 
