@@ -22,7 +22,13 @@ separately. Clock: the calling thread's CPU time (less sensitive to load than wa
 time), 1 thread, sides alternating in blocks, each side's time the minimum over blocks
 (load only adds time). Target: <= 0.5 us extra per unrouted call in every plan.
 
-    python -m benchmarks.mode_tax [--calls N] [--blocks B]
+``--models gpt2 bert ...`` (names of ``benchmarks.models``) adds whole models: the
+forward of the wrapped model (training mode, autograd on, fixed selection after three
+warm-up steps) with the census on and off (``census.ENABLED = False``: every forward
+under the counting mode, as before the census), alternating in one process; ratio =
+off / on (> 1: the census saves time).
+
+    python -m benchmarks.mode_tax [--calls N] [--blocks B] [--models NAME ...]
 """
 
 from __future__ import annotations
@@ -142,10 +148,40 @@ def steady_tax(plan: str, calls: int, blocks: int) -> dict:
             "plan": out["plan"]}
 
 
+def model_forward(name: str, rounds: int = 20) -> dict:
+    """Best forward ms of a wrapped ``benchmarks.models`` model, census on and off."""
+    import warnings
+
+    from ortcpu_torch.wrap import census
+
+    from . import models
+
+    warnings.simplefilter("ignore")
+    model, loss_fn = getattr(models, name)()
+    opt = torch.optim.AdamW(model.parameters())
+    model, opt = ortcpu_torch.optimize(model, opt, fallback="silent")
+    for _ in range(3):  # select measures; the census of the signature
+        loss_fn(model).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    best = {True: float("inf"), False: float("inf")}
+    try:
+        for r in range(rounds):
+            for on in ((True, False) if r % 2 == 0 else (False, True)):
+                census.ENABLED = on
+                best[on] = min(best[on], _per_call(lambda: loss_fn(model), 3))
+    finally:
+        census.ENABLED = True
+    plans = ",".join(ortcpu_torch.report(model, file=None).forwards["plans"])
+    return {"on_ms": best[True] * 1e3, "off_ms": best[False] * 1e3, "plan": plans}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=100, help="rounds of 3 calls (default 100)")
     ap.add_argument("--blocks", type=int, default=9, help="alternating blocks (default 9)")
+    ap.add_argument("--models", nargs="*", default=[],
+                    help="also whole models of benchmarks.models (forward, census on/off)")
     a = ap.parse_args(argv)
     set_threads(1)
     print(f"{cpu_model()}; {isa_line()}")
@@ -159,6 +195,12 @@ def main(argv=None) -> None:
         ok = "meets target" if r["per_call_us"] <= TARGET_US else "ABOVE target"
         print(f"  plan {plan:<6} (census chose {r['plan']:<5}) {r['per_call_us']:6.2f} us/call, "
               f"{r['per_forward_us']:6.1f} us/forward fixed  {ok}")
+    if a.models:
+        print("wrapped model forward (best ms of 3-forward blocks, 1 thread), census on / off:")
+    for name in a.models:
+        r = model_forward(name)
+        print(f"  {name:<13} {r['on_ms']:8.2f} / {r['off_ms']:8.2f} ms  "
+              f"{r['off_ms'] / r['on_ms']:.3f}x  (steady state: {r['plan']})")
 
 
 if __name__ == "__main__":

@@ -411,3 +411,22 @@ def test_census_switch_off_counts_every_forward(monkeypatch):
     assert m.depths == [1, 1, 1]
     rep = report(m, file=None)
     assert rep.forwards["counted"] == 3 and rep.functionals[0]["calls_ours"] == 3
+
+
+class Lazy(nn.Module):
+    def forward(self, x):
+        if not hasattr(self, "act"):
+            self.act = F.gelu  # read while patched: the router
+        return self.act(x)
+
+
+def test_a_functional_read_during_a_patched_forward_stays_picklable_and_plain():
+    m = wrap(Lazy(), fallback="error", select="ours")
+    x = torch.randn(3)
+    m(x)
+    m(x)
+    act = m.act
+    assert pickle.loads(pickle.dumps(act)) is act
+    torch.testing.assert_close(act(x), ORIGINAL_GELU(x))  # outside a forward: torch's
+    torch.testing.assert_close(pickle.loads(pickle.dumps(m))(x), F.gelu(x))
+    _assert_restored()

@@ -1,8 +1,9 @@
 """Steady state of a wrapped root's forward: what it costs the torch calls we do not route.
 
-Under the counting ``KernelMode`` every torch call of the forward pays a Python
-``__torch_function__`` (a frame walk to find the calling module, a counter): ~6 us
-against ~2.6 us for the call itself, and a transformer step makes ~1000 such calls. So
+Under the counting ``KernelMode`` every torch call of the forward (outside swapped
+modules) pays a Python ``__torch_function__`` (a frame walk to find the calling module,
+a counter): ~6-15 us against ~2 us for a small call itself (``benchmarks/mode_tax.py``),
+and the small Hugging Face models of ``benchmarks/models.py`` make 50-130 per forward. So
 the mode counts only a *census*: the first forward of each root input signature
 (``root_key``: shapes, dtypes and ``requires_grad`` of the tensor arguments, the other
 arguments' values or types, the training flag, grad mode). The census decides the plan
@@ -166,6 +167,11 @@ def _router(entry: FuncEntry, orig):
             _tl.active = state
 
     functools.update_wrapper(router, orig)
+    # picklable by reference (code holding the functional it read during a patched
+    # forward holds the router): a name of this module; it behaves as torch's outside
+    router.__module__, router.__qualname__ = __name__, (
+        f"_router_{entry.name.replace('.', '_')}_{orig.__name__}")
+    globals()[router.__qualname__] = router
     return router
 
 
