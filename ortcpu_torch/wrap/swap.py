@@ -15,6 +15,7 @@ import operator
 
 import torch
 
+from .census import LeanKernelMode, RoutersOff, steady_root
 from .direct import direct_forward
 from .policy import (
     INFO_ATTR,
@@ -23,7 +24,6 @@ from .policy import (
     exc_reason,
     module_call_reason,
 )
-from .census import LeanKernelMode, RoutersOff, steady_root
 from .routing import KernelMode
 from .select import call_key, choose, module_runner
 from .tables import MODULES, ModuleEntry
