@@ -120,9 +120,17 @@ def _key(v):
 
 
 def root_key(module, args, kwargs):
-    """The census key of a root forward call."""
-    return (module.training, torch.is_grad_enabled(), _key(args),
-            _key(kwargs) if kwargs else None)
+    """The census key of a root forward call (plain tensor arguments, the common call, are
+    keyed inline: this runs on every root forward)."""
+    key = [module.training, torch.is_grad_enabled()]
+    for v in args:
+        if type(v) is torch.Tensor:
+            key.append((v.shape, v.dtype, v.requires_grad, v.device, v.layout))
+        else:
+            key.append((_key(v),))  # never equal to a plain tensor's 5-tuple
+    if kwargs:
+        key.append(_key(kwargs))
+    return tuple(key)
 
 
 # ---- attribute patches -----------------------------------------------------------------
