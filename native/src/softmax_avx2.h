@@ -16,15 +16,11 @@
 #include <immintrin.h>
 #define ORT_SOFTMAX_AVX2 1
 
-/* e^a for a <= 0 or NaN. a = n ln2 + r, |r| <= ln2/2; e^r by a degree-5 polynomial fitted
- * for this project (relative-error weighted least squares on Chebyshev nodes, p(0) = 1;
- * max relative error 1.7e-7 evaluated in float32, about 1.4 ulp); 2^n from the bits of
- * the rounding sum, one scale factor. Lanes below -87 (where 2^n is not a normal float)
- * take ort_exp_nonpos_scaled_f32's two-factor scaling, so results underflow gradually
- * to the denormals as everywhere else. A NaN a runs through into the result. */
-__attribute__((target("avx2,fma"))) static inline __m256 ort_exp_nonpos_scaled_avx2(__m256 a)
+/* The reduction and polynomial both exps below share: returns e^r, with *t the rounding
+ * sum a * log2(e) + 1.5 * 2^23, whose low mantissa bits hold n (n = *t - 1.5 * 2^23). */
+__attribute__((target("avx2,fma"), always_inline)) static inline __m256
+ort_exp_poly_avx2(__m256 a, __m256 *t_out)
 {
-    a = _mm256_max_ps(_mm256_set1_ps(-104.0f), a); /* constant first: a NaN a stays */
     const __m256 magic = _mm256_set1_ps(12582912.0f);
     __m256 t = _mm256_fmadd_ps(a, _mm256_set1_ps(1.44269504088896341f), magic);
     __m256 n = _mm256_sub_ps(t, magic);
@@ -36,6 +32,21 @@ __attribute__((target("avx2,fma"))) static inline __m256 ort_exp_nonpos_scaled_a
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.4999915063381195f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.9999997019767761f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    *t_out = t;
+    return p;
+}
+
+/* e^a for a <= 0 or NaN. a = n ln2 + r, |r| <= ln2/2; e^r by a degree-5 polynomial fitted
+ * for this project (relative-error weighted least squares on Chebyshev nodes, p(0) = 1;
+ * max relative error 1.7e-7 evaluated in float32, about 1.4 ulp); 2^n from the bits of
+ * the rounding sum, one scale factor. Lanes below -87 (where 2^n is not a normal float)
+ * take ort_exp_nonpos_scaled_f32's two-factor scaling, so results underflow gradually
+ * to the denormals as everywhere else. A NaN a runs through into the result. */
+__attribute__((target("avx2,fma"))) static inline __m256 ort_exp_nonpos_scaled_avx2(__m256 a)
+{
+    a = _mm256_max_ps(_mm256_set1_ps(-104.0f), a); /* constant first: a NaN a stays */
+    __m256 t, p = ort_exp_poly_avx2(a, &t);
+    __m256 n = _mm256_sub_ps(t, _mm256_set1_ps(12582912.0f));
     if (!_mm256_movemask_ps(_mm256_cmp_ps(a, _mm256_set1_ps(-87.0f), _CMP_LT_OQ))) {
         /* t's bits are those of 1.5 * 2^23 plus n: the exponent field is n + 127 */
         __m256i e = _mm256_slli_epi32(
@@ -63,17 +74,7 @@ __attribute__((target("avx2,fma"))) static inline double ort_sum8_pd(__m256 v)
 __attribute__((target("avx2,fma"), always_inline)) static inline __m256
 ort_exp_nonpos_inrange_avx2(__m256 a)
 {
-    const __m256 magic = _mm256_set1_ps(12582912.0f);
-    __m256 t = _mm256_fmadd_ps(a, _mm256_set1_ps(1.44269504088896341f), magic);
-    __m256 n = _mm256_sub_ps(t, magic);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), a);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
-    __m256 p = _mm256_set1_ps(0.008290313184261322f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.04189793020486832f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.1666763573884964f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.4999915063381195f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.9999997019767761f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256 t, p = ort_exp_poly_avx2(a, &t);
     /* t's low mantissa bits hold n (two's complement): shifted by 23 they are n << 23,
      * the magic's own bits shift out */
     __m256i e = _mm256_add_epi32(_mm256_slli_epi32(_mm256_castps_si256(t), 23),
