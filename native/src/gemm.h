@@ -8,12 +8,13 @@
  * transposes, log2 buckets of m, n, k, threaded or not, packed or not) and keeps the
  * faster one for that class.
  *
- * Threads: OpenBLAS (a pthreads build) is pinned to ONE thread when the extension loads;
- * its parallel GEMM is ours: a single large GEMM split into column (or row) slabs, one
- * single-threaded OpenBLAS call per OpenMP thread. MKL (GNU threading layer, torch's
- * libgomp: the same OpenMP pool as ours) gets the thread count of the call through
- * MKL_Set_Num_Threads_Local (the C entry point), restored after the call; inside a parallel region every
- * GEMM is single-threaded on either backend. Two thread pools never spin side by side. */
+ * Threads: OpenBLAS (a pthreads build) is pinned to ONE thread when the extension loads,
+ * and MKL (GNU threading layer, torch's libgomp: the same OpenMP pool as ours) runs each
+ * call on one thread (MKL_Set_Num_Threads_Local, restored after the call). A parallel
+ * GEMM is ours on either backend: split into column (or row) slabs, one single-threaded
+ * call per OpenMP thread (MKL's own threading measured slower at small-m shapes); inside
+ * a parallel region every GEMM is single-threaded. Two thread pools never spin side by
+ * side. */
 #ifndef ORTCPU_GEMM_H
 #define ORTCPU_GEMM_H
 #include <stddef.h>
