@@ -182,10 +182,14 @@ def _matmul(ctx):
     mm = kernels.get("MatMul")
     scale = ctx.attr("ortcpu_alpha")  # a scalar Mul/Div fused in (fusions.py)
     alpha = 1.0 if scale is None else float(scale)
+    out_perm = ctx.attr("ortcpu_out_perm")  # a Transpose fused in (fusions.py)
     dt = ctx.dtype(0)
     if dt not in FLOATS or ctx.dtype(1) != dt:
+        # dtypes unknown at plan time (or not float): the registry kernel, and the fused
+        # Transpose applied to its result (the graph no longer has the Transpose node)
         f = _float_or(mm, _int_matmul, ctx)
-        return f if alpha == 1.0 else lambda a, b: f(a, b) * alpha
+        g = f if alpha == 1.0 else lambda a, b: f(a, b) * alpha
+        return g if out_perm is None else lambda a, b: g(a, b).permute(*out_perm)
 
     packed = _small_batch_weight(ctx, trans_b=False) if alpha == 1.0 else None
 
@@ -234,7 +238,6 @@ def _matmul(ctx):
         if len(steps) == 1:
             return fn
         return lambda a, b, c: fn(a, b, c).relu_()
-    out_perm = ctx.attr("ortcpu_out_perm")  # a Transpose fused in (fusions.py)
     if out_perm is not None:
         matmul = _transposed_output(matmul, list(out_perm), alpha)
     matmul_fn = [matmul]

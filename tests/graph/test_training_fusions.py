@@ -408,3 +408,57 @@ def test_dead_views_keeps_values_read_only_inside_a_subgraph():
     g = Rewrite(model, {})
     att.dead_views(g)
     assert [n.output[0] for n in g.result().graph.node] == ["t", "y"]
+
+
+class LinearStack(nn.Module):
+    """Linears on [..., K]: with a bias, without one, with a frozen bias, and a weight also
+    read by a second product (its Transpose must stay)."""
+
+    def __init__(self, frozen_bias: bool):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(6, 5), nn.Linear(5, 4, bias=False), nn.Linear(4, 6)
+        self.c.bias.requires_grad_(not frozen_bias)
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        y = self.c(self.b(h)) + (x @ self.a.weight.t()).sum(-1, keepdim=True)
+        return y.square().mean(), y
+
+
+@pytest.mark.parametrize(("rows", "frozen_bias", "dtype"), [
+    ((2, 3), False, torch.float64), ((2, 3), False, torch.float32),
+    ((1, 2, 3), True, torch.float64), ((1, 1), False, torch.float32)],
+    ids=["3d-f64", "3d-f32", "4d-frozen_bias-f64", "3d_one_row-f32"])
+def test_linear_gemm(rows, frozen_bias, dtype, monkeypatch, tmp_path):
+    x = torch.randn(*rows, 6, requires_grad=True)
+    done = check_fused_matches_unfused(lambda: LinearStack(frozen_bias), [x], dtype,
+                                       monkeypatch, tmp_path)
+    assert done.count("MatMul(X, Transpose(W)) + Add(B) -> LinearGemm") == 2
+    assert done.count("MatMul(X, Transpose(W)) -> LinearGemm") >= 1
+
+
+def test_linear_gemm_kernel_against_torch_and_bad_input():
+    from onnx import helper as h
+
+    from ortcpu_torch.graph import Executor
+
+    f = onnx.TensorProto.FLOAT
+    nodes = [h.make_node("LinearGemm", ["x", "w", "b"], ["y"], domain=training_fusions.DOMAIN,
+                         trans_b=1)]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", f, None),
+                                  h.make_tensor_value_info("w", f, None),
+                                  h.make_tensor_value_info("b", f, None)],
+                     [h.make_tensor_value_info("y", f, None)])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17),
+                                       h.make_opsetid(training_fusions.DOMAIN, 1)])
+    ex = Executor(m, check=False)
+    x, w, b = torch.randn(2, 3, 4), torch.randn(5, 4), torch.randn(5)
+    torch.testing.assert_close(ex.run({"x": x, "w": w, "b": b})["y"], x @ w.t() + b)
+    xt = torch.randn(4, 3, 2).transpose(0, 2)  # non-contiguous X
+    torch.testing.assert_close(ex.run({"x": xt, "w": w, "b": b})["y"], xt @ w.t() + b)
+    empty = torch.randn(0, 3, 4)
+    assert ex.run({"x": empty, "w": w, "b": b})["y"].shape == (0, 3, 5)
+    with pytest.raises(Exception, match="LinearGemm"):
+        ex.run({"x": torch.randn(2, 3, 3), "w": w, "b": b})
+    with pytest.raises(Exception, match="LinearGemm"):
+        ex.run({"x": x, "w": w, "b": torch.randn(4)})
