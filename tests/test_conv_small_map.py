@@ -41,6 +41,13 @@ CASES = [  # n, c, m, h, w, kernel (kh, kw), pads [top, left, bottom, right], gr
     (7, 8, 5, 6, 1, (1, 1), [1, 0, 1, 0], 1),     # 1x1 kernel with padding (not pointwise)
     (1, 2, 3, 1, 1, (1, 3), [0, 1, 0, 1], 1),
     (0, 4, 4, 4, 4, (3, 3), [1, 1, 1, 1], 1),     # empty batch
+    # channel chunks of the planes buffer (conv.inc, CONV_SMALL_BUF elements): col2im's
+    # kW planes of 100 channels on 4x4 span two chunks; on 16x16 both im2col (25 per
+    # chunk) and col2im (8) end on a partial chunk; a 3x9 kernel on a 20x40 map needs
+    # more than the buffer per channel for the kW planes (col2im's one-plane fallback)
+    (2, 100, 4, 4, 4, (3, 3), [1, 1, 1, 1], 1),
+    (2, 30, 3, 16, 16, (3, 3), [1, 1, 1, 1], 1),
+    (1, 2, 3, 20, 40, (3, 9), [1, 4, 1, 4], 1),
 ]
 
 

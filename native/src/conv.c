@@ -76,6 +76,8 @@ enum { CONV_ALGO_AUTO = 0, CONV_ALGO_IM2COL = 1, CONV_ALGO_WINOGRAD2 = 2, CONV_A
  * (out - 1) * s + k per side: input beyond it (negative end pads, strides that skip the
  * last rows) is never read. */
 #define CONV_SMALL_PLANE 4096
+/* Stack buffer of the small-map im2col / col2im (conv.inc): several channels' planes. */
+#define CONV_SMALL_BUF 8192
 static int conv_small_map_fits(const conv_geom *q)
 {
     if (q->in[0] != 1 || q->k[0] != 1 || q->out[0] != 1 || q->p[0] != 0 || q->pointwise)
