@@ -79,14 +79,6 @@ def _merge_heads(node, ins, known):
     return [(a[0], rows, len(t) * a[1] * cols)]
 
 
-def _linear_gemm(node, ins, known):
-    x, w = (ins + [None, None])[:2]
-    trans_b = next((a.i for a in node.attribute if a.name == "trans_b"), 0)
-    if x is None or w is None or len(w) != 2:
-        return [None]
-    return [(*x[:-1], w[0] if trans_b else w[1])]
-
-
 def _rnn_grad(gates):
     """LSTMGrad / GRUGrad: dX, dW, dR like X, W, R; dB [1, 2·gates·H], dH0 (dC0) [1, B, H],
     LSTM's dP [1, 3H]."""
@@ -133,7 +125,6 @@ RULES: dict[str, Callable] = {
     "BiasGeluGradWithBiasGrad": _like(1, 2),
     "SplitView": _split_view,
     "MatMulMergeHeads": _merge_heads,
-    "LinearGemm": _linear_gemm,
 }
 
 #: ops whose output shape is the value of one of their inputs (a Shape of the forward value)
