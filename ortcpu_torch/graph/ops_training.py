@@ -24,7 +24,7 @@ from ..kernels import conv as kconv
 from ..kernels import pool as kpool
 from ..kernels import rnn as krnn
 from ..kernels._checks import check_status, get_num_threads
-from ..kernels.gemm import bmm_strided, gemm
+from ..kernels.gemm import bmm_strided
 from .op_table import MS_DOMAIN, ONNX_DOMAIN, op
 from .training_fusions import DOMAIN as TRAINING_DOMAIN
 
@@ -389,31 +389,6 @@ def _split_view(ctx):
             raise ValueError(f"SplitView: input {list(x.shape)} does not split into {sizes} "
                              f"along axis {axis}")
         return tuple(x.split(sizes, dim=axis))
-    return run
-
-
-@op("LinearGemm", domain=TRAINING_DOMAIN, kind="kernel")
-def _linear_gemm(ctx):
-    """X [..., K] @ op(W) (+ B [N]) as one GEMM over X's rows: op(W) = W^T for ``trans_b``
-    1 (W [N, K], a Linear's weight), else W [K, N]; the bias is the GEMM's C
-    (training_fusions.py)."""
-    op_name = "LinearGemm"
-    trans_b = bool(ctx.attr("trans_b", 0))
-
-    def run(x, w, b=None):
-        k = x.shape[-1] if x.dim() else -1
-        n = w.shape[0 if trans_b else 1] if w.dim() == 2 else -1
-        if x.dim() < 2 or w.dim() != 2 or w.shape[1 if trans_b else 0] != k or \
-                x.dtype not in FLOATS or w.dtype != x.dtype or \
-                (b is not None and (b.dtype != x.dtype or b.shape != (n,))):
-            want = "[N, K]" if trans_b else "[K, N]"
-            raise ValueError(f"{op_name}: X must be a float [..., K], W {want} and B [N] "
-                             f"of its dtype, got {x.dtype} {list(x.shape)}, "
-                             f"{w.dtype} {list(w.shape)}"
-                             + (f", {b.dtype} {list(b.shape)}" if b is not None else ""))
-        rows = x.shape[:-1].numel()
-        y = gemm(x.contiguous().view(rows, k), w.contiguous(), b, trans_b=trans_b, op=op_name)
-        return y.view(*x.shape[:-1], n)
     return run
 
 

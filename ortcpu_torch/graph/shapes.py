@@ -72,22 +72,37 @@ def infer_value_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple],
             out[vi.name] = d
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
             types.setdefault(vi.name, vi.type.tensor_type.elem_type)
-    # training ops ONNX has no schema for: their output shapes by rule, fed back as
-    # value_info so the next round of inference continues past them
-    ruled = [n for n in g.node if n.op_type in training_shapes.RULES and
-             (n.domain not in ("", "ai.onnx") or not onnx.defs.has(n.op_type))]
-    for _ in range(_MAX_ROUNDS if ruled else 0):
-        known = {**out, **input_shapes}
+    # ops ONNX has no schema for (ORT's training ops, training_fusions.py's private ops):
+    # their outputs' shapes by rule (training_shapes.py) or from the model's value_info,
+    # typed like the rule's type input, fed back as value_info so the next round of
+    # inference continues past them (else everything downstream stays untyped, and the
+    # bindings there take their dtype-generic paths)
+    opaque = [n for n in g.node if n.domain not in ("", "ai.onnx") or
+              not onnx.defs.has(n.op_type)]
+    init_dims = {t.name: tuple(t.dims) for t in g.initializer}
+    init_values = {t.name: tuple(int(v) for v in onnx.numpy_helper.to_array(t))
+                   for t in g.initializer if t.data_type == onnx.TensorProto.INT64 and
+                   len(t.dims) == 1 and t.dims[0] <= _KEEP_INITIALIZER_ELEMS}
+    fed_back: set[str] = set()
+    for _ in range(_MAX_ROUNDS if opaque else 0):
+        known = {**init_dims, **out, **input_shapes}
+        values = {**init_values, **_shape_values(g.node, known)}
         added = []
-        for n in ruled:
-            shapes = training_shapes.output_shapes(n, known)
-            for name, shape in zip(n.output, shapes or (), strict=False):
-                if name and shape is not None and name not in out and \
-                        all(isinstance(d, int) for d in shape):
-                    et = types.get(n.input[0]) if n.input else None
-                    if et:
-                        added.append(helper.make_tensor_value_info(name, et, list(shape)))
-                        out[name] = tuple(shape)
+        for n in opaque:
+            ruled = training_shapes.output_shapes(n, known, values) or ()
+            et = types.get(training_shapes.type_input(n))
+            for k, name in enumerate(n.output):
+                if not name or name in fed_back:
+                    continue
+                shape = out.get(name)
+                if shape is None or not _static(shape):
+                    shape = ruled[k] if k < len(ruled) else None
+                t = types.get(name) or et
+                if shape is None or not _static(shape) or not t:
+                    continue
+                added.append(helper.make_tensor_value_info(name, t, list(shape)))
+                out[name], types[name] = tuple(shape), t
+                fed_back.add(name)
         if not added:
             break
         m.graph.value_info.extend(added)
@@ -101,6 +116,31 @@ def infer_value_shapes(model: onnx.ModelProto, input_shapes: dict[str, tuple],
     out.update(input_shapes)
     types.update(input_types)
     return out, types
+
+
+def _shape_values(nodes, known: dict) -> dict:
+    """Output -> value of the 1-D int64 Constants and of the Shapes of static shapes."""
+    out = {}
+    for n in nodes:
+        if n.domain not in ("", "ai.onnx"):
+            continue
+        if n.op_type == "Constant":
+            t = next((a.t for a in n.attribute if a.name == "value"), None)
+            if t is not None and t.data_type == onnx.TensorProto.INT64 and len(t.dims) == 1:
+                out[n.output[0]] = tuple(int(v) for v in onnx.numpy_helper.to_array(t))
+            continue
+        if n.op_type != "Shape":
+            continue
+        s = known.get(n.input[0])
+        if s is None or not _static(s):
+            continue
+        a = {at.name: at.i for at in n.attribute}
+        out[n.output[0]] = tuple(s)[slice(a.get("start"), a.get("end"))]
+    return out
+
+
+def _static(shape) -> bool:
+    return all(isinstance(d, int) for d in shape)
 
 
 def _infer(m: onnx.ModelProto):

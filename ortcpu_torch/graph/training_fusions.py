@@ -393,57 +393,11 @@ def _split_views(g: Rewrite) -> None:
         g.done.append("Split (read by Reshapes) -> SplitView")
 
 
-# ---- Linear on [..., K] as one GEMM -----------------------------------------------------------
-
-
-def _float_input(g: Rewrite, name: str) -> bool:
-    return any(vi.name == name and vi.type.tensor_type.elem_type in
-               (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE) for vi in g.model.graph.input)
-
-
-def _linear_gemm(g: Rewrite) -> None:
-    """A Linear on [..., K] is MatMul(X, Transpose(W)) (+ Add(B)): one GEMM over X's rows
-    reading W with transB and the bias as its C (``LinearGemm``), instead of a copy of W^T,
-    the MatMul and a pass over the output for the bias. Only for W (and B) graph inputs
-    (parameters) of a float type; the Transpose stays while the backward reads it too."""
-    for mm in g.nodes:
-        if not is_onnx(mm, "MatMul") or g.taken(mm) or len(mm.input) != 2:
-            continue
-        x, wv = mm.input
-        t = g.producer.get(wv)
-        w, trans_b = (t.input[0], 1) if _transpose_2d(t) and not g.taken(t) else (wv, 0)
-        xs, ws = g.shapes.get(x), g.shapes.get(w)
-        if xs is None or len(xs) < 2 or ws is None or len(ws) != 2 or \
-                not _float_input(g, w) or xs[-1] != ws[trans_b]:
-            continue
-        n = ws[1 - trans_b]
-        y, inputs, add = mm.output[0], [x, w], None
-        readers = g.readers.get(y, [])
-        if len(readers) == 1 and is_onnx(readers[0], "Add") and y not in g.outputs and \
-                not g.taken(readers[0]):
-            add = readers[0]
-            b = add.input[1] if add.input[0] == y else add.input[0]
-            if g.shapes.get(b) == [n] and _float_input(g, b) and b != y:
-                y, inputs = add.output[0], [x, w, b]
-            else:
-                add = None
-        if add is None and not trans_b:
-            continue  # nothing to gain over the MatMul
-        g.replace[id(mm)] = [helper.make_node("LinearGemm", inputs, [y], domain=DOMAIN,
-                                              name=mm.name + "_gemm", trans_b=trans_b)]
-        if add is not None:
-            g.replace[id(add)] = []
-        if trans_b and g.only_reader(wv, mm):
-            g.replace[id(t)] = []
-        g.done.append("MatMul(X, Transpose(W))" + (" + Add(B)" if add is not None else "") +
-                      " -> LinearGemm")
-
-
 PASSES: list[Callable[[Rewrite], None]] = [_maxpool_2x2, _gelu_maxpool_2x2,
                                             _gemm_reads_transpose,
                                             _gemm_transposed_output, _masked_softmax,
                                             lstm_torch_gates, _bias_gelu, _split_views,
-                                            *attention.PASSES, _linear_gemm]
+                                            *attention.PASSES]
 
 
 def fuse_training_graph(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:

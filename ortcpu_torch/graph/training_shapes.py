@@ -4,7 +4,9 @@ ONNX inference, so the shapes downstream of a GeluGrad or BatchNormInternal are 
 a plan is built and static-shape bindings apply).
 
 A rule maps the node's input shapes (``None`` where unknown) and the shapes known so far
-to one shape (or ``None``) per output.
+to one shape (or ``None``) per output; ``SHAPE_INPUT`` ops take their output shape from an
+input's value. Outputs take the element type of the node's first input (``type_input``:
+another one where the op says so).
 """
 
 from __future__ import annotations
@@ -77,6 +79,21 @@ def _merge_heads(node, ins, known):
     return [(a[0], rows, len(t) * a[1] * cols)]
 
 
+def _rnn_grad(gates):
+    """LSTMGrad / GRUGrad: dX, dW, dR like X, W, R; dB [1, 2·gates·H], dH0 (dC0) [1, B, H],
+    LSTM's dP [1, 3H]."""
+    def rule(node, ins, known):
+        x, w, r = (ins + [None] * 3)[:3]
+        h = r[2] if r is not None and len(r) == 3 else None
+        b = x[1] if x is not None and len(x) == 3 else None
+        state = (1, b, h) if h is not None and b is not None else None
+        out = [x, w, r, (1, 2 * gates * h) if h is not None else None, state]
+        if gates == 4:
+            out += [state, (1, 3 * h) if h is not None else None]
+        return out
+    return rule
+
+
 _UNARY_GRADS = ("GeluGrad", "FastGeluGrad", "QuickGeluGrad", "BiasGeluGrad_dX", "ReluGrad",
                 "SigmoidGrad", "TanhGrad", "SoftmaxGrad", "SoftmaxGrad_13", "LogSoftmaxGrad",
                 "LogSoftmaxGrad_13", "DropoutGrad", "BiasFastGeluGrad_dX", "LeakyReluGrad")
@@ -92,6 +109,8 @@ RULES: dict[str, Callable] = {
     "SoftmaxCrossEntropyLossGrad": _like(1),
     "SoftmaxCrossEntropyLossInternalGrad": _like(1),
     "ConvGrad": _conv_grad,
+    "LSTMGrad": _rnn_grad(4),
+    "GRUGrad": _rnn_grad(3),
     "MaxPoolGrad": _pool_grad,
     "AveragePoolGrad": _pool_grad,
     # training_fusions.py's private ops
@@ -108,9 +127,26 @@ RULES: dict[str, Callable] = {
     "MatMulMergeHeads": _merge_heads,
 }
 
+#: ops whose output shape is the value of one of their inputs (a Shape of the forward value)
+SHAPE_INPUT = {"GatherGrad": 0, "SliceGrad": 1, "GatherElementsGrad": 1}
 
-def output_shapes(node, known: dict[str, Shape]) -> list | None:
-    """Shapes of ``node``'s outputs by its rule (None: no rule for this op)."""
+#: ops whose outputs take their element type from an input other than the first
+_TYPE_INPUT = {"GatherGrad": 2}  # (shape, indices, dY); GatherElementsGrad: (dY, shape, ...)
+
+
+def type_input(node) -> str | None:
+    """The input whose element type the node's (float) outputs have."""
+    k = _TYPE_INPUT.get(node.op_type, 0)
+    return node.input[k] if k < len(node.input) else None
+
+
+def output_shapes(node, known: dict[str, Shape], values: dict | None = None) -> list | None:
+    """Shapes of ``node``'s outputs by its rule (None: no rule for this op). ``values``:
+    the statically known values of 1-D int64 tensors (shapes), for ``SHAPE_INPUT`` ops."""
+    k = SHAPE_INPUT.get(node.op_type)
+    if k is not None:
+        v = (values or {}).get(node.input[k]) if k < len(node.input) else None
+        return [tuple(v) if v is not None else None]
     rule = RULES.get(node.op_type)
     if rule is None:
         return None

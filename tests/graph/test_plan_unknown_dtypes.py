@@ -93,3 +93,37 @@ def test_conv_bias_relu_epilogue(elem):
     m = _model(nodes, [("x", [2, 3, 6, 6])], "y",
                [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")], elem)
     _check(m, {"x": rng.standard_normal((2, 3, 6, 6)).astype(t)}, "Conv", elem)
+
+
+def _untyped_reads(model, shapes_in, types_in, *rest):
+    """The values a node of ``model`` reads that static inference left without a dtype."""
+    _, types = infer_value_shapes(model, shapes_in, types_in, *rest)
+    produced = {o for n in model.graph.node for o in n.output if o}
+    return sorted({i for n in model.graph.node for i in n.input
+                   if i in produced and i not in types})
+
+
+@pytest.mark.parametrize("name", ["encoder", "cnn", "gpt", "lstm", "gru"])
+def test_ortmodule_plans_type_every_value(name, monkeypatch):
+    """The forward and backward plans of ORTModule know every value's dtype (the outputs of
+    ORT's training ops and of training_fusions.py's private ops are typed and inference
+    continues past them), so no binding is left on its dtype-generic path."""
+    from ortcpu_torch import ORTModule
+    from ortcpu_torch.graph import executor
+
+    from .capture_models import make
+    from .test_ortmodule import _Encoder
+
+    if name == "encoder":
+        model, args = _Encoder(), (torch.randn(3, 10, 32),)
+    else:
+        model, args = make(name)
+    found = []
+
+    def spy(model, shapes_in, types_in, *rest):
+        found.append(_untyped_reads(model, shapes_in, types_in, *rest))
+        return infer_value_shapes(model, shapes_in, types_in, *rest)
+    monkeypatch.setattr(executor, "infer_value_shapes", spy)
+    out = ORTModule(model, fallback="error")(*args)
+    out[0].backward()
+    assert len(found) == 2 and found == [[], []], found
