@@ -2,6 +2,7 @@
 take microseconds: what one wrapped op costs beyond its arithmetic, against torch eager.
 
     python -m benchmarks.overhead [--threads 2] [--rounds 15] [--iters 50] [--cpu-time]
+                                  [--cases WORD...]
 
 Cases (issue 18), each one training-loop step of a tiny model, forward + backward with a
 fixed output gradient, parameter gradients reset by ``grad = None``:
@@ -158,6 +159,9 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--iters", type=int, default=50, help="steps per side per round")
+    p.add_argument("--cases", nargs="+", metavar="WORD",
+                   help="only the cases whose name contains one of these words "
+                   "(case-insensitive), e.g. --cases cross batchnorm")
     p.add_argument("--cpu-time", action="store_true",
                    help="time each step in this thread's CPU time instead of wall time "
                    "(with --threads 1: less sensitive to other processes on the machine)")
@@ -172,7 +176,9 @@ def main(argv=None) -> None:
           f"{'thread CPU time' if args.cpu_time else 'wall time'}")
     load = ForeignLoad()
     rows = []
-    for case in CASES:
+    cases = [c for c in CASES if not args.cases
+             or any(w.lower() in c.name.lower() for w in args.cases)]
+    for case in cases:
         torch.manual_seed(0)
         steps = case.steps()
         for s in steps.values():

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import torch
 
+from .census import EnterHook, ExitHook, RootForward
 from .detect import detect
 from .optimizer import convert_optimizer
 from .policy import INFO_ATTR, POLICIES, STATE_ATTR, FallbackError, State, Stats, matches
-from .routing import EnterHook, ExitHook, RootForward
 from .swap import (
     ScopeEnter,
     ScopeExit,

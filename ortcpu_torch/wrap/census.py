@@ -37,11 +37,12 @@ from __future__ import annotations
 import functools
 import sys
 import threading
+import weakref
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .policy import Stats, context_reason
+from .policy import Stats
 from .routing import KernelMode, route_call, selection
 from .tables import BY_FUNC, FUNCTIONALS, FuncEntry
 
@@ -50,7 +51,26 @@ MAX_PLANS = 256  # root input signatures remembered per wrap (oldest dropped fir
 #: A/B switch for benchmarks/mode_tax.py; plans already made are not used either)
 ENABLED = True
 
-_tl = threading.local()  # per thread: .active (the routers' State or None), .via
+
+
+class _Local(threading.local):
+    """Per thread (class attributes are the defaults: plain reads, no ``getattr``):
+    ``active``, the State the attribute routers route for (``_CENSUS`` during a census,
+    None: straight to torch); ``root``, the State whose root forward runs in steady state
+    without a mode of ours on top; ``mode``, the census's counting mode; ``via``, the
+    entry whose router the census mode's next call came through."""
+
+    active = root = mode = via = None
+
+
+_tl = _Local()
+_Tensor = torch.Tensor
+_grad_enabled = torch.is_grad_enabled
+per_thread = _tl  # read inline by swap.py's steady path (.root, .active)
+_is_tracing = torch._C._is_tracing
+# any device's autocast (one argument-free call; a CUDA autocast around a CPU model only
+# costs its forwards the census's savings)
+_any_autocast = torch._C._is_any_autocast_enabled
 _is_compiling = torch.compiler.is_compiling
 _stack_len = torch._C._len_torch_function_stack
 _stack_at = torch._C._get_function_stack_at
@@ -85,7 +105,7 @@ class Census:
         self.missed: set = set()
 
     def saw(self, entry: FuncEntry) -> None:
-        if getattr(_tl, "via", None) is entry:
+        if _tl.via is entry:
             _tl.via = None
         else:
             self.missed.add(entry.name)
@@ -120,14 +140,17 @@ def _key(v):
 
 
 def root_key(module, args, kwargs):
-    """The census key of a root forward call (plain tensor arguments, the common call, are
-    keyed inline: this runs on every root forward)."""
-    key = [module.training, torch.is_grad_enabled()]
+    """The census key of a root forward call. Plain tensor arguments, the common call,
+    are keyed inline by shape, dtype and ``requires_grad`` (this runs on every root
+    forward): not by device or layout, since a plan only says where routing may pay and
+    every routed call and swapped module checks its own values (a CUDA or sparse input
+    sharing a CPU signature's plan runs on torch all the same)."""
+    key = [module.training, _grad_enabled()]
     for v in args:
-        if type(v) is torch.Tensor:
-            key.append((v.shape, v.dtype, v.requires_grad, v.device, v.layout))
+        if type(v) is _Tensor:
+            key.append((v.shape, v.dtype, v.requires_grad))
         else:
-            key.append((_key(v),))  # never equal to a plain tensor's 5-tuple
+            key.append((_key(v),))  # never equal to a plain tensor's 3-tuple
     if kwargs:
         key.append(_key(kwargs))
     return tuple(key)
@@ -157,7 +180,7 @@ def _router(entry: FuncEntry, orig):
     def router(*args, **kwargs):
         if _is_compiling():
             return orig(*args, **kwargs)
-        state = getattr(_tl, "active", None)
+        state = _tl.active
         if state is None:  # another thread, or nothing to route through us
             return orig(*args, **kwargs)
         if state is _CENSUS:
@@ -265,27 +288,6 @@ def route_steady(state, entry: FuncEntry, func, args, kwargs):
     return route_call(state, entry, func, args, kwargs, Stats())
 
 
-def steady_root():
-    """The ``State`` whose root forward this thread runs in steady state with no torch
-    function mode of ours on top (a "none" or "patch" plan, or a lean mode popped by a
-    swapped module), else None."""
-    return getattr(_tl, "root", None)
-
-
-class RoutersOff:
-    """Context: this thread's attribute routers pass calls straight to torch (a swapped
-    module that runs torch's forward runs it as torch's, as under a popped mode)."""
-
-    __slots__ = ("active",)
-
-    def __enter__(self):
-        self.active = getattr(_tl, "active", None)
-        _tl.active = None
-
-    def __exit__(self, *exc):
-        _tl.active = self.active
-
-
 class LeanKernelMode(TorchFunctionMode):
     """Steady state when a routed functional cannot be caught by its attribute: routes
     the functionals of ``FUNCTIONALS``, counts nothing."""
@@ -326,47 +328,159 @@ class RootRun:
                 plans[self.key] = plan_of(self.census)
 
 
+def _steady_plan(state, module, args, kwargs):
+    """(census key, plan) of a root forward: the key is None where every forward is
+    counted (the census switched off, ``timing``, TorchScript tracing, autocast; the
+    callers took torch.compile's path before), the plan None where there is none yet."""
+    if not ENABLED or state.timing or _is_tracing() or _any_autocast():
+        return None, None
+    key = root_key(module, args, kwargs)
+    return key, state.plans.get(key)
+
+
 def begin(state, module, args, kwargs) -> RootRun:
     """Enter the routing of one root forward per its signature's plan (a census, with
     the counting mode, if it has none yet)."""
+    return _begin(state, *_steady_plan(state, module, args, kwargs))
+
+
+def _begin(state, key, plan) -> RootRun:
     run = RootRun()
+    tl = _tl
     run.state, run.census, run.patched = state, None, ()
-    run.active = getattr(_tl, "active", None)
-    run.root_prev = getattr(_tl, "root", None)
-    plan = key = None
-    if ENABLED and not state.timing and context_reason() is None:
-        key = root_key(module, args, kwargs)
-        plan = state.plans.get(key)
+    run.active, run.root_prev = tl.active, tl.root
     if plan is None:  # counted by the full mode (a census when there is a key)
+        tl.root = None  # swapped modules find the mode on top (swap.py)
         state.forwards[0] += 1
         census = None
         if key is not None:
             census = run.census = Census()
-            run.key, run.mode_prev = key, getattr(_tl, "mode", None)
+            run.key, run.mode_prev = key, tl.mode
         mode = run.mode = KernelMode(state, census)
         _push(mode)  # mode.__enter__ without its layers
         state.modes.append(mode)
         if census is not None:
             install(_ALL)
             run.patched = _ALL
-            _tl.active, _tl.mode, _tl.via = _CENSUS, mode, None
+            tl.active, tl.mode, tl.via = _CENSUS, mode, None
         else:
-            _tl.active = None
+            tl.active = None
         return run
     state.forwards[1] += 1
-    _tl.root = state  # swapped modules take their short path without a mode (swap.py)
+    tl.root = state  # swapped modules take their short path without a mode (swap.py)
     kind = plan.kind
     if kind == "none":
         run.mode = None
-        _tl.active = None
+        tl.active = None
     elif kind == "patch":
         run.mode = None
         install(plan.names)
         run.patched = plan.names
-        _tl.active = state
+        tl.active = state
     else:
+        tl.root = None  # swapped modules find the lean mode on top and pop it (swap.py)
         mode = run.mode = LeanKernelMode(state)
         _push(mode)
         state.modes.append(mode)
-        _tl.active = None
+        tl.active = None
     return run
+
+
+# ---- the root's forward wrapper and hooks ------------------------------------------------
+
+class RootForward:
+    """The wrapped root's ``forward``, set as an instance attribute (picklable): the class's
+    forward as one root forward (``begin``/``end``; the common steady state, a signature
+    whose plan routes nothing, inline). Cheaper than a forward pre-hook and an
+    always-called forward hook (those send every call of the root through
+    ``Module._call_impl``'s hook path). While torch.compile traces, the compile-time mode
+    instead (``compiled.py``). ``EnterHook``/``ExitHook`` do the same for a root that has
+    a ``forward`` attribute of its own. It holds the root by weak reference: a strong one
+    would be a reference cycle (root -> its ``forward`` -> root), leaving a dropped
+    model's memory to the cyclic garbage collector."""
+
+    def __init__(self, module, state):
+        self._module, self.state = weakref.ref(module), state
+
+    @property
+    def module(self):
+        return self._module()
+
+    def __reduce__(self):  # pickle/deepcopy: rebuilt around the copied root
+        return (RootForward, (self._module(), self.state))
+
+    @property
+    def __wrapped__(self):  # inspect.signature(model.forward) reads the class's forward
+        return type(self.module).forward.__get__(self.module)
+
+    def __call__(self, *args, **kwargs):
+        module, state = self._module(), self.state
+        forward = type(module).forward
+        if _is_compiling():
+            mode = state.compile_mode  # made at wrap time (see EnterHook)
+            if mode is None:
+                return forward(module, *args, **kwargs)
+            mode.__enter__()
+            try:
+                return forward(module, *args, **kwargs)
+            finally:
+                mode.__exit__(None, None, None)
+        key = plan = None
+        if ENABLED and not state.timing and not _is_tracing() and not _any_autocast():
+            # (_steady_plan, inline: this runs on every root forward)
+            key = root_key(module, args, kwargs)
+            plan = state.plans.get(key)
+            if plan is NO_MODE:
+                state.forwards[1] += 1
+                tl = _tl
+                root, active = tl.root, tl.active
+                tl.root, tl.active = state, None  # as _begin does for a "none" plan
+                try:
+                    return forward(module, *args, **kwargs)
+                finally:
+                    tl.root, tl.active = root, active
+        run = _begin(state, key, plan)
+        ok = False
+        try:
+            out = forward(module, *args, **kwargs)
+            ok = True
+            return out
+        finally:
+            run.end(ok)
+
+
+class EnterHook:
+    """Forward pre-hook on the root: begin the routing of this forward (picklable). While
+    torch.compile traces, the compile-time mode instead (``compiled.py``: our custom ops
+    in the graph, no bookkeeping)."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def __call__(self, module, args):
+        if _is_compiling():
+            # one mode object made at wrap time: creating (or stacking) it here would be
+            # state Dynamo rebuilds after every call of the compiled graph
+            mode = self.state.compile_mode
+            if mode is not None:
+                mode.__enter__()
+            return
+        self.state.runs.append(begin(self.state, module, args, None))
+
+
+class ExitHook:
+    """Always-called forward hook on the root: end the routing of this forward."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def __call__(self, module, args, output):
+        if _is_compiling():
+            mode = self.state.compile_mode
+            if mode is not None:
+                mode.__exit__(None, None, None)
+            return
+        runs = self.state.runs
+        if runs:
+            # called from torch's exception handler too: then the census decides nothing
+            runs.pop().end(sys.exc_info()[0] is None)

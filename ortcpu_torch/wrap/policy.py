@@ -122,27 +122,37 @@ CHOSE_TORCH = "torch measured faster for this input signature (select='fastest')
 
 
 class Stats:
-    """Calls of one swapped module or routed functional: on ours, on torch (and why)."""
+    """Calls of one swapped module or routed functional: on ours, on torch (and why).
 
-    __slots__ = ("ours", "torch", "reasons")
+    A call run on torch because torch measured faster is one increment of ``chosen``
+    (the steady path of every such call pays just that); ``reasons`` holds the others."""
+
+    __slots__ = ("ours", "fell", "chosen", "reasons")
 
     def __init__(self):
         self.ours = 0
-        self.torch = 0
+        self.fell = 0  # calls on torch for any reason but select's choice
+        self.chosen = 0  # calls on torch because torch measured faster
         self.reasons: dict[str, list] = {}  # reason key -> [first message, count]
+
+    @property
+    def torch(self) -> int:
+        return self.fell + self.chosen
 
     def chose_torch(self) -> None:
         """Count one call run on torch because torch measured faster (not a fallback)."""
-        self.torch += 1
-        r = self.reasons.get(CHOSE_TORCH)
-        if r is None:
-            self.reasons[CHOSE_TORCH] = [CHOSE_TORCH, 1]
-        else:
-            r[1] += 1
+        self.chosen += 1
+
+    def reason_counts(self) -> dict:
+        """{message: calls} of every reason a call ran on torch (select's choice last)."""
+        out = {msg: n for msg, n in self.reasons.values()}
+        if self.chosen:
+            out[CHOSE_TORCH] = self.chosen
+        return out
 
     def fallback(self, reason: str) -> bool:
         """Count one fallback; True when this reason is new for this entry."""
-        self.torch += 1
+        self.fell += 1
         k = _reason_key(reason)
         r = self.reasons.get(k)
         if r is None:
@@ -152,10 +162,14 @@ class Stats:
         return False
 
     def __getstate__(self):
-        return (self.ours, self.torch, self.reasons)
+        return (self.ours, self.fell, self.chosen, self.reasons)
 
     def __setstate__(self, s):
-        self.ours, self.torch, self.reasons = s
+        if len(s) == 3:  # pickled before ``chosen`` was counted apart
+            ours, torch_calls, reasons = s
+            chosen = reasons.pop(CHOSE_TORCH, [None, 0])[1]
+            s = (ours, torch_calls - chosen, chosen, reasons)
+        self.ours, self.fell, self.chosen, self.reasons = s
 
 
 def matches(patterns, *names) -> bool:

@@ -67,7 +67,7 @@ class Report:
 
 
 def _reasons(stats: Stats) -> dict:
-    return {msg: n for msg, n in stats.reasons.values()}
+    return stats.reason_counts()
 
 
 def _names(names: list, k: int = 3) -> str:

@@ -1,12 +1,11 @@
 """Functional routing: while the wrapped model's ``forward`` runs, ``F.gelu``,
 ``torch.softmax``, ... go to the ``ortcpu_torch.ops`` function of the same name (looked
-up lazily, so an entry activates as soon as its kernel family exists). ``RootForward``
-(an instance ``forward`` attribute; a forward pre-hook and an always-called forward hook,
-``EnterHook``/``ExitHook``, on a root with a ``forward`` attribute of its own) begins and
-ends each root forward through ``census.py``: the first forward of each input signature
-runs under ``KernelMode``, a ``torch.overrides.TorchFunctionMode`` that routes and counts
-every other torch function by the module class whose ``forward`` called it, so
-``report()`` can say what ran on torch; later forwards of the signature run without it
+up lazily, so an entry activates as soon as its kernel family exists). Each root forward
+begins and ends in ``census.py`` (``RootForward``, ``EnterHook``/``ExitHook``): the
+first forward of each input signature runs under ``KernelMode``, a
+``torch.overrides.TorchFunctionMode`` that routes and counts every other torch function
+by the module class whose ``forward`` called it, so ``report()`` can say what ran on
+torch; later forwards of the signature run without it
 (no mode, or routers in the routed functionals' attributes, or a routing-only mode).
 ``route_call`` is the routing of one call, shared by all of them (a swapped module that
 ``select`` runs on torch runs its forward without any of it: counted on the module).
@@ -16,7 +15,6 @@ from __future__ import annotations
 
 import inspect
 import sys
-import weakref
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -202,7 +200,7 @@ def route_call(state: State, entry: FuncEntry, func, args, kwargs, stats: Stats,
     functional's name when ours ran."""
     ours = entry.ours()
     if ours is None:  # family not in this build: not a fallback, just not there yet
-        stats.torch += 1
+        stats.fell += 1
         k = f"no kernel in this build (ortcpu_torch.ops.{entry.op} missing)"
         stats.reasons.setdefault(k, [k, 0])[1] += 1
         return func(*args, **kwargs)
@@ -293,91 +291,14 @@ class KernelMode(TorchFunctionMode):
         return report(self, file=file, timing=timing)
 
 
-class RootForward:
-    """The wrapped root's ``forward``, set as an instance attribute (picklable): the class's
-    forward inside the kernel mode. Cheaper than a forward pre-hook and an always-called
-    forward hook (those send every call of the root through ``Module._call_impl``'s hook
-    path). While torch.compile traces, the compile-time mode instead (``compiled.py``).
-    ``EnterHook``/``ExitHook`` do the same for a root that has a ``forward`` attribute of
-    its own. It holds the root by weak reference: a strong one would be a reference cycle
-    (root -> its ``forward`` -> root), leaving a dropped model's memory to the cyclic
-    garbage collector."""
+def __getattr__(name: str):
+    # the root's forward wrapper and hooks live in census.py (which builds on this
+    # module); models pickled when they lived here name them by this module
+    if name in ("RootForward", "EnterHook", "ExitHook"):
+        from . import census
 
-    def __init__(self, module, state):
-        self._module, self.state = weakref.ref(module), state
-
-    @property
-    def module(self):
-        return self._module()
-
-    def __reduce__(self):  # pickle/deepcopy: rebuilt around the copied root
-        return (RootForward, (self._module(), self.state))
-
-    @property
-    def __wrapped__(self):  # inspect.signature(model.forward) reads the class's forward
-        return type(self.module).forward.__get__(self.module)
-
-    def __call__(self, *args, **kwargs):
-        module, state = self._module(), self.state
-        forward = type(module).forward
-        if torch.compiler.is_compiling():
-            mode = state.compile_mode  # made at wrap time (see EnterHook)
-            if mode is None:
-                return forward(module, *args, **kwargs)
-            mode.__enter__()
-            try:
-                return forward(module, *args, **kwargs)
-            finally:
-                mode.__exit__(None, None, None)
-        from .census import begin  # census.py builds on this module
-
-        run = begin(state, module, args, kwargs)
-        ok = False
-        try:
-            out = forward(module, *args, **kwargs)
-            ok = True
-            return out
-        finally:
-            run.end(ok)
-
-
-class EnterHook:
-    """Forward pre-hook on the root: begin the routing of this forward (picklable). While
-    torch.compile traces, the compile-time mode instead (``compiled.py``: our custom ops
-    in the graph, no bookkeeping)."""
-
-    def __init__(self, state):
-        self.state = state
-
-    def __call__(self, module, args):
-        if torch.compiler.is_compiling():
-            # one mode object made at wrap time: creating (or stacking) it here would be
-            # state Dynamo rebuilds after every call of the compiled graph
-            mode = self.state.compile_mode
-            if mode is not None:
-                mode.__enter__()
-            return
-        from .census import begin
-
-        self.state.runs.append(begin(self.state, module, args, None))
-
-
-class ExitHook:
-    """Always-called forward hook on the root: end the routing of this forward."""
-
-    def __init__(self, state):
-        self.state = state
-
-    def __call__(self, module, args, output):
-        if torch.compiler.is_compiling():
-            mode = self.state.compile_mode
-            if mode is not None:
-                mode.__exit__(None, None, None)
-            return
-        runs = self.state.runs
-        if runs:
-            # called from torch's exception handler too: then the census decides nothing
-            runs.pop().end(sys.exc_info()[0] is None)
+        return getattr(census, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def kernels_enabled(fallback: str = "warn", include=None, exclude=None,

@@ -15,7 +15,7 @@ import operator
 
 import torch
 
-from .census import LeanKernelMode, RoutersOff, steady_root
+from .census import LeanKernelMode, per_thread
 from .direct import direct_forward
 from .policy import (
     INFO_ATTR,
@@ -49,7 +49,7 @@ class SwapInfo:
 
     def __getstate__(self):
         d = dict(self.__dict__)
-        for k in ("sides", "stats", "ours_forward", "torch_direct"):
+        for k in ("sides", "steady", "stats", "ours_forward", "torch_direct"):
             d.pop(k, None)
         return d
 
@@ -58,7 +58,9 @@ class SwapInfo:
         # per call, looked up once: select's choices for this module by (training flag,
         # call_key), the module's Stats, the counterpart's own forward, torch's forward
         # as a direct ATen call (direct.py; None where there is none; built on first use)
+        # and by (training flag, *call_key) the signatures whose side is that direct call
         self.sides: dict = {}
+        self.steady: dict = {}
         self.stats = None
         self.ours_forward = None
         self.torch_direct = _UNSET
@@ -86,32 +88,63 @@ def _wrapped_forward(self, *args, **kwargs):
         sync_to_original(self, info.original, info.attrs)
         return info.original.forward(*args, **kwargs)
     state = info.state
+    tl = per_thread
+    if tl.root is state and not kwargs:
+        # the steadiest call: a root forward in steady state without a mode of ours
+        # (census.py), a signature select gave to torch, torch's forward as its direct
+        # ATen call (direct.py; no Python routers on that path, so they stay as they are)
+        try:
+            key = [self.training]
+            for a in args:
+                key.append((a.shape, a.dtype, a.requires_grad))
+        except AttributeError:  # not a tensor: the paths below
+            pass
+        else:
+            run = info.steady.get(tuple(key))
+            if run is not None:
+                out = run(self, args)
+                if out is not NotImplemented:
+                    info.stats.chosen += 1
+                    return out
     stats = info.stats
     if stats is None:
         stats = info.stats = state.modules[info.qualname]["stats"]
         info.ours_forward = type(self).__mro__[1].forward
     if not state.timing:
-        n = _stack_len()
-        top = _stack_at(n - 1) if n else None
         out = _SLOW
-        if top is None:
-            if steady_root() is state:
-                # a steady-state root forward without a mode (census.py); torch's side
-                # runs as torch's, as it does below with the mode popped
-                with RoutersOff():
-                    out = _fast_forward(self, info, state, stats, args, kwargs)
-        elif type(top) in _OUR_MODES and top.state is state:
-            # the common call, inside the wrapped root's forward, of a signature seen
-            # before: everything below runs with our kernel mode popped (no Python
-            # __torch_function__ per tensor attribute read or per torch call)
-            torch._C._pop_torch_function_stack()
-            try:
+        if tl.root is state:
+            # a steady-state root forward without a mode of ours (census.py: a "none" or
+            # "patch" plan); torch's side runs as torch's, as it does below with the mode
+            # popped (the attribute routers off)
+            active = tl.active
+            if active is None:
                 out = _fast_forward(self, info, state, stats, args, kwargs)
-            finally:
-                torch._C._push_on_torch_function_stack(top)
-        if type(out) is _Fallback:
-            return _fall_back(self, info, state, stats, out.reason, args, kwargs)
+            else:
+                tl.active = None
+                try:
+                    out = _fast_forward(self, info, state, stats, args, kwargs)
+                finally:
+                    tl.active = active
+        else:
+            n = _stack_len()
+            top = _stack_at(n - 1) if n else None
+            if type(top) is KernelMode and (_is_tracing() or _autocast("cpu")):
+                pass  # a counted forward in a context ours may not run in: the general
+                # path counts torch's call as that fallback (a steady root forward is
+                # never in one: census.py; autocast entered inside it still keeps ours
+                # off, _fast_forward)
+            elif type(top) in _OUR_MODES and top.state is state:
+                # the common call, inside the wrapped root's forward, of a signature seen
+                # before: everything below runs with our kernel mode popped (no Python
+                # __torch_function__ per tensor attribute read or per torch call)
+                torch._C._pop_torch_function_stack()
+                try:
+                    out = _fast_forward(self, info, state, stats, args, kwargs)
+                finally:
+                    torch._C._push_on_torch_function_stack(top)
         if out is not _SLOW:
+            if type(out) is _Fallback:
+                return _fall_back(self, info, state, stats, out.reason, args, kwargs)
             return out
     return _general_forward(self, info, state, stats, args, kwargs)
 
@@ -125,17 +158,22 @@ class _Fallback:
 
 def _fast_forward(self, info: SwapInfo, state, stats, args, kwargs):
     """A call whose signature select has decided before: torch's forward (its arguments
-    checked; parameters and buffers are checked when a signature is new and on every call
-    that runs ours), or ours; ``_SLOW`` for anything else (a new signature, a context
-    where nothing may run ours), a ``_Fallback`` when ours rejected the call."""
-    if _is_tracing() or _autocast("cpu"):  # context_reason, compiling excluded above
-        return _SLOW
+    checked only for keyword calls: torch's side runs whatever torch takes), or ours (its
+    arguments, parameters, buffers and context checked); ``_SLOW`` for anything else (a
+    new signature, a context where nothing may run ours), a ``_Fallback`` when ours
+    rejected the call."""
     if state.select == "ours":
         side = "ours"
     else:
-        key = call_key(args, kwargs) if kwargs else _plain_key(args)
-        if key is None:
-            return _SLOW
+        if kwargs:
+            key = call_key(args, kwargs)
+        else:  # call_key(args, {}) of the common call, inline
+            key = []
+            for a in args:
+                if type(a) not in _PLAIN_TYPES:
+                    return _SLOW
+                key.append((a.shape, a.dtype, a.requires_grad))
+            key = tuple(key)
         side = info.sides.get((self.training, key))
     if side == "torch":
         if kwargs:
@@ -148,14 +186,16 @@ def _fast_forward(self, info: SwapInfo, state, stats, args, kwargs):
             if run is not None:
                 out = run(self, args)
                 if out is not NotImplemented:
-                    stats.chose_torch()
+                    stats.chosen += 1
+                    # plain tensors (the key above): _wrapped_forward's steadiest call
+                    info.steady[(self.training, *key)] = run
                     return out
-        stats.chose_torch()
+        stats.chosen += 1
         orig = info.original
         sync_to_original(self, orig, info.attrs)
         return orig.forward(*args, **kwargs)
-    if side != "ours":
-        return _SLOW
+    if side != "ours" or _is_tracing() or _autocast("cpu"):  # context_reason, compiling
+        return _SLOW                                         # excluded above
     with _disabled():
         reason = module_call_reason(self, args, kwargs)
         if reason is not None:
@@ -166,18 +206,6 @@ def _fast_forward(self, info: SwapInfo, state, stats, args, kwargs):
             return _Fallback(exc_reason(f"nn.{type(self).__mro__[1].__name__}", e))
     stats.ours += 1
     return out
-
-
-def _plain_key(args):
-    """``call_key(args, {})`` when every argument is a plain dense CPU tensor, else None:
-    the key and the checks of the common call in one pass (a key found in ``info.sides``
-    was stored by a call whose values passed every check, dtype included)."""
-    key = []
-    for a in args:
-        if type(a) not in _PLAIN_TYPES or not a.is_cpu or a.layout is not _strided:
-            return None
-        key.append((a.shape, a.dtype, a.requires_grad))
-    return tuple(key)
 
 
 def _general_forward(self, info: SwapInfo, state, stats, args, kwargs):
