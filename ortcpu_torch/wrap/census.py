@@ -52,7 +52,6 @@ MAX_PLANS = 256  # root input signatures remembered per wrap (oldest dropped fir
 ENABLED = True
 
 
-
 class _Local(threading.local):
     """Per thread (class attributes are the defaults: plain reads, no ``getattr``):
     ``active``, the State the attribute routers route for (``_CENSUS`` during a census,

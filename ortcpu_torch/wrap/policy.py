@@ -118,6 +118,14 @@ def _reason_key(reason: str) -> str:
 
 # ---- per-wrap state --------------------------------------------------------------------
 
+class _PerThread(threading.local):
+    """A wrap's per-thread stacks: its kernel modes, root forwards and include/exclude
+    scopes (each thread gets empty ones on its first use)."""
+
+    def __init__(self):
+        self.modes, self.runs, self.scopes = [], [], []
+
+
 CHOSE_TORCH = "torch measured faster for this input signature (select='fastest')"
 
 
@@ -236,7 +244,7 @@ class State:
         self.plans: dict = {}
         self.forwards = [0, 0]
         self.times = {"forward": dict.fromkeys(SIDES, 0), "backward": dict.fromkeys(SIDES, 0)}
-        self._local = threading.local()
+        self._local = _PerThread()
         # torch.compile: the families routed to ortcpu:: ops while Dynamo traces, and the
         # one CompiledKernelMode the root's hooks enter and leave, built now (nothing may
         # be computed, or read and then changed, while tracing); None for "torch"
@@ -263,36 +271,27 @@ class State:
         self.__dict__.update(d)
         self.__dict__.setdefault("plans", {})
         self.__dict__.setdefault("forwards", [0, 0])
-        self._local = threading.local()
+        self._local = _PerThread()
         self.compile_kernels = check_compile_kernels(d.get("compile_kernels", "auto"))
         self._build_compile_mode()
 
     @property
     def modes(self) -> list:
-        m = getattr(self._local, "modes", None)
-        if m is None:
-            m = self._local.modes = []
-        return m
+        return self._local.modes
 
     @property
     def runs(self) -> list:
         """This thread's root forwards begun by ``EnterHook`` (``census.RootRun``)."""
-        r = getattr(self._local, "runs", None)
-        if r is None:
-            r = self._local.runs = []
-        return r
+        return self._local.runs
 
     @property
     def scopes(self) -> list:
-        s = getattr(self._local, "scopes", None)
-        if s is None:
-            s = self._local.scopes = []
-        return s
+        return self._local.scopes
 
     def scope(self):
         """``False`` inside an excluded module (or a fallback to torch's forward),
         ``True`` inside an included one, else None."""
-        s = getattr(self._local, "scopes", None)
+        s = self._local.scopes
         return s[-1] if s else None
 
     def selected(self, *names) -> bool:
