@@ -11,7 +11,8 @@ the Winograd forward of dY with the rotated kernel); everything else as im2col /
 GEMMs on single-threaded OpenBLAS, the work split over our OpenMP threads (see
 ``kernels/gemm.py`` for the thread decision).
 ``conv_forward`` and ``conv_backward`` take ``algo="auto" | "im2col" | "winograd2" |
-"winograd4" | "small_map" | "depthwise"`` to force a lowering (tests, benchmarks).
+"winograd4" | "small_map" | "depthwise" | "packed"`` to force a lowering (tests,
+benchmarks).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from ._registry import register
 from ._spatial import auto_pad_attr, int_list, pad3, resolve_pads, spatial_rank
 
 ALGOS = {"auto": 0, "im2col": 1, "winograd2": 2, "winograd4": 3, "small_map": 4,
-         "depthwise": 5}
+         "depthwise": 5, "packed": 6}
 
 
 def conv_geometry(op: str, X: torch.Tensor, W: torch.Tensor, auto_pad="NOTSET",
@@ -45,8 +46,10 @@ def conv_geometry(op: str, X: torch.Tensor, W: torch.Tensor, auto_pad="NOTSET",
     kernel, stride 1, dilation 1, group 1), "small_map" (im2col through zero-padded
     channel planes: 2-D, dilation 1, pads >= 0, any stride, a padded plane, ((out - 1) *
     stride + kernel) per side, of at most 4096 elements; auto takes it for outputs under
-    1024 positions), "depthwise" (group == C > 1, M a multiple of C, 1-D/2-D,
-    pads >= 0); "auto" lets the native code choose."""
+    1024 positions), "packed" (the same geometry as "small_map": forward and dX on our own
+    register-tile kernel with the weights packed once per call, dW as "small_map"),
+    "depthwise" (group == C > 1, M a multiple of C, 1-D/2-D, pads >= 0); "auto" lets the
+    native code choose."""
     if not isinstance(algo, str) or algo not in ALGOS:
         raise ValueError(f"{op}: algo must be one of {sorted(ALGOS)}, got {algo!r}")
     r = spatial_rank(op, "X", X)

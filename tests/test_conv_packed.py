@@ -1,0 +1,191 @@
+"""The packed small-map path (native/src/conv_pk.inc: forward and dX on our register-tile
+GEMM against weights packed once per call; dW / dB on the small-map im2col path), forced
+with algo="packed" and chosen by auto on small maps with small weights: forward, dX, dW,
+dB against torch in float64 and float32 over the small-map geometries (pads, strides,
+groups, odd maps), tile tails (output channels not a multiple of the 6-row tile, maps
+not a multiple of the 16 / 8-column tile), batch 0/1/odd, 1 and 2 threads; float64
+gradcheck through the autograd front end; NaN; the routing of auto by shape and dtype;
+a clear error where the geometry does not fit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ortcpu_torch
+from ortcpu_torch.kernels import conv as KC
+
+from .test_conv_small_map import CASES, STRIDED
+
+TAILS = [  # n, c, m, h, w, kernel, strides, pads [top, left, bottom, right], groups
+    (64, 32, 64, 4, 4, (3, 3), (1, 1), [1, 1, 1, 1], 1),   # digits' second conv
+    (64, 1, 32, 8, 8, (3, 3), (1, 1), [1, 1, 1, 1], 1),    # digits' first conv
+    (1, 3, 7, 5, 7, (3, 3), (1, 1), [1, 1, 1, 1], 1),      # 35 outputs, 7 channels
+    (3, 5, 13, 3, 3, (3, 3), (1, 1), [1, 1, 1, 1], 1),     # 9 outputs, 13 channels
+    (2, 4, 1, 1, 1, (1, 3), (1, 1), [0, 1, 0, 1], 1),      # one output, one channel
+    (5, 6, 12, 2, 9, (1, 3), (1, 1), [0, 1, 0, 1], 3),     # groups of 4 output channels
+    (2, 8, 6, 8, 8, (3, 3), (2, 2), [1, 1, 1, 1], 2),      # stride 2 on 8x8
+    (1, 2, 5, 28, 28, (3, 3), (1, 1), [1, 1, 1, 1], 1),    # 784 outputs: many tiles
+]
+
+
+def _run(x, w, b, strides, pads, groups, g, algo):
+    y = KC.conv_forward("Conv", x, w, b, pads=pads, strides=list(strides), group=groups,
+                        algo=algo)
+    grads = KC.conv_backward("ConvGrad", g, x, w, (True, True, b is not None), pads=pads,
+                             strides=list(strides), group=groups, algo=algo)
+    return (y, *grads)
+
+
+def _ref(x, w, b, strides, pads, groups, g):
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    br = b.clone().requires_grad_() if b is not None else None
+    y = F.conv2d(F.pad(xr, (pads[1], pads[3], pads[0], pads[2])), wr, br, stride=strides,
+                 groups=groups)
+    y.backward(g)
+    return y.detach(), xr.grad, wr.grad, br.grad if br is not None else None
+
+
+ALL = ([(*c[:6], (1, 1), *c[6:]) for c in CASES] + list(STRIDED) + TAILS)
+
+
+def _pointwise(case):
+    k, s, pads = case[5], case[6], case[7]
+    return k == (1, 1) and s == (1, 1) and not any(pads)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", [c for c in ALL if not _pointwise(c)])
+def test_packed_float64_vs_torch(case, threads):
+    ortcpu_torch.set_num_threads(threads)
+    n, c, m, h, w, k, strides, pads, groups = case
+    x = torch.randn(n, c, h, w, dtype=torch.float64)
+    wt = torch.randn(m, c // groups, *k, dtype=torch.float64)
+    b = torch.randn(m, dtype=torch.float64)
+    yref = F.conv2d(F.pad(x, (pads[1], pads[3], pads[0], pads[2])), wt, b, stride=strides,
+                    groups=groups)
+    g = torch.randn_like(yref)
+    want = _ref(x, wt, b, strides, pads, groups, g)
+    for algo in ("packed", "auto"):
+        got = _run(x, wt, b, strides, pads, groups, g, algo)
+        for a, e in zip(got, want, strict=True):
+            torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-10)
+    # no bias, only some of the gradients
+    y = KC.conv_forward("Conv", x, wt, pads=pads, strides=list(strides), group=groups,
+                        algo="packed")
+    torch.testing.assert_close(y, want[0] - b.view(1, -1, 1, 1), rtol=1e-10, atol=1e-10)
+    dx, dw, db = KC.conv_backward("ConvGrad", g, x, wt, (True, False, False), pads=pads,
+                                  strides=list(strides), group=groups, algo="packed")
+    assert dw is None and db is None
+    torch.testing.assert_close(dx, want[1], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", TAILS + list(STRIDED[:3]))
+def test_packed_float32_vs_torch(case, threads):
+    ortcpu_torch.set_num_threads(threads)
+    n, c, m, h, w, k, strides, pads, groups = case
+    x = torch.randn(n, c, h, w)
+    wt = torch.randn(m, c // groups, *k)
+    b = torch.randn(m)
+    yref = F.conv2d(F.pad(x, (pads[1], pads[3], pads[0], pads[2])), wt, b, stride=strides,
+                    groups=groups)
+    g = torch.randn_like(yref)
+    want = _ref(x.double(), wt.double(), b.double(), strides, pads, groups, g.double())
+    got = _run(x, wt, b, strides, pads, groups, g, "packed")
+    for a, e in zip(got, want, strict=True):
+        assert a.dtype == torch.float32
+        scale = e.abs().max().item() if e.numel() else 1.0
+        torch.testing.assert_close(a.double(), e, rtol=1e-5, atol=2e-6 * max(scale, 1.0))
+
+
+@pytest.mark.parametrize("shape,wshape,kw", [
+    ((2, 3, 4, 5), (7, 3, 3, 3), dict(padding=1)),
+    ((1, 4, 8, 8), (6, 2, 3, 3), dict(padding=1, stride=2, groups=2)),
+    ((3, 2, 5, 3), (13, 2, 2, 3), dict(padding=(1, 0))),
+])
+def test_packed_gradcheck_through_autograd(shape, wshape, kw):
+    # float64 with these weights is under auto's packed limit: the front end runs the
+    # packed path (test_auto_routes_small_maps_to_packed checks that routing)
+    x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    wt = torch.randn(*wshape, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(wshape[0], dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradcheck(lambda x, w, b: ortcpu_torch.ops.conv2d(x, w, b, **kw),
+                             (x, wt, b))
+
+
+def test_packed_nan_and_inf():
+    xn = torch.zeros(1, 1, 4, 4)
+    xn[0, 0, 0, 0] = float("nan")
+    y = KC.conv_forward("Conv", xn, torch.ones(7, 1, 3, 3), pads=[1, 1, 1, 1], algo="packed")
+    assert torch.isnan(y[:, :, :2, :2]).all() and not torch.isnan(y[:, :, 2:, :]).any()
+    wi = torch.ones(7, 1, 3, 3)
+    wi[3, 0, 1, 1] = float("inf")
+    y = KC.conv_forward("Conv", torch.ones(1, 1, 4, 4), wi, pads=[1, 1, 1, 1], algo="packed")
+    assert torch.isinf(y[0, 3]).all() and torch.isfinite(y[0, [0, 1, 2, 4, 5, 6]]).all()
+    g = torch.zeros(1, 7, 4, 4)
+    g[0, 2, 3, 3] = float("nan")
+    dx, _, _ = KC.conv_backward("ConvGrad", g, torch.ones(1, 1, 4, 4), torch.ones(7, 1, 3, 3),
+                                (True, False, False), pads=[1, 1, 1, 1], algo="packed")
+    assert torch.isnan(dx[0, 0, 2:, 2:]).all() and not torch.isnan(dx[0, 0, :2, :]).any()
+
+
+def _paths(x, w, b, g, algo):
+    return _run(x, w, b, (1, 1), [1, 1, 1, 1], 1, g, algo)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_auto_routes_small_maps_to_packed(dtype):
+    # bit-equal outputs tell the paths apart in float32, where packed and the BLAS GEMM
+    # sum in different orders (in float64 both come out the same here: auto == packed
+    # is all this checks). Forward and dX follow the packed path, dW / dB the small-map
+    # one.
+    torch.manual_seed(0)
+    x, w, b = torch.randn(8, 16, 4, 4, dtype=dtype), torch.randn(24, 16, 3, 3, dtype=dtype), \
+        torch.randn(24, dtype=dtype)
+    g = torch.randn(8, 24, 4, 4, dtype=dtype)
+    auto, packed, small = (_paths(x, w, b, g, a) for a in ("auto", "packed", "small_map"))
+    if dtype == torch.float32:
+        assert not torch.equal(packed[0], small[0])
+    for a, p in zip(auto, packed, strict=True):
+        assert torch.equal(a, p)
+    assert torch.equal(packed[2], small[2]) and torch.equal(packed[3], small[3])
+
+
+def test_auto_keeps_big_weights_and_big_maps_off_packed():
+    torch.manual_seed(0)
+    # weights over 128 KB (float32 64 x 576): small-map im2col as before
+    x, w, b = torch.randn(2, 64, 4, 4), torch.randn(64, 64, 3, 3), torch.randn(64)
+    g = torch.randn(2, 64, 4, 4)
+    auto, packed, small = (_paths(x, w, b, g, a) for a in ("auto", "packed", "small_map"))
+    assert not torch.equal(packed[0], small[0])
+    for a, s in zip(auto, small, strict=True):
+        assert torch.equal(a, s)
+    # the same weights in float64 are over the limit where float32 is under it (a
+    # smoke check: float64 does not tell the two paths apart by their bits)
+    x, w = torch.randn(2, 32, 4, 4, dtype=torch.float64), torch.randn(64, 32, 3, 3,
+                                                                       dtype=torch.float64)
+    g = torch.randn(2, 64, 4, 4, dtype=torch.float64)
+    auto, small = (_paths(x, w, None, g, a) for a in ("auto", "small_map"))
+    for a, s in zip(auto, small, strict=True):
+        assert (a is None and s is None) or torch.equal(a, s)
+    # 32x32 outputs (1024 positions) are not a small map: auto stays off both paths
+    x, w = torch.randn(1, 3, 32, 32), torch.randn(4, 3, 3, 3)
+    g = torch.randn(1, 4, 32, 32)
+    auto, generic = (_paths(x, w, None, g, a) for a in ("auto", "im2col"))
+    for a, s in zip(auto, generic, strict=True):
+        assert (a is None and s is None) or torch.equal(a, s)
+
+
+@pytest.mark.parametrize("shape,kw,msg", [
+    ((1, 2, 6, 6), dict(dilations=[2, 2]), "dilation 1"),
+    ((1, 2, 80, 80), dict(pads=[1, 1, 1, 1]), "at most 4096"),
+])
+def test_packed_refuses_geometries_it_does_not_cover(shape, kw, msg):
+    x, wt = torch.randn(*shape), torch.randn(3, 2, 3, 3)
+    with pytest.raises(Exception, match=msg):
+        KC.conv_forward("Conv", x, wt, algo="packed", **kw)
+    with pytest.raises(Exception, match="packed"):  # 3-D
+        KC.conv_forward("Conv", torch.randn(1, 2, 2, 4, 4), torch.randn(3, 2, 1, 3, 3),
+                        algo="packed")
