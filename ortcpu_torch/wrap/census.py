@@ -426,14 +426,30 @@ class RootForward:
                 mode.__exit__(None, None, None)
         key = plan = None
         if ENABLED and not state.timing and not _is_tracing() and not _any_autocast():
-            # (_steady_plan, inline: this runs on every root forward)
-            key = root_key(module, args, kwargs)
+            # (_steady_plan and root_key, inline: this runs on every root forward, and a
+            # one-op root such as a wrapped loss pays every Python step of it per call)
+            key = [module.training, _grad_enabled()]
+            for v in args:
+                if type(v) is _Tensor:
+                    key.append((v.shape, v.dtype, v.requires_grad))
+                else:
+                    key.append((_key(v),))
+            if kwargs:
+                key.append(_key(kwargs))
+            key = tuple(key)
             plan = state.plans.get(key)
             if plan is NO_MODE:
                 state.forwards[1] += 1
                 tl = _tl
-                root, active = tl.root, tl.active
-                tl.root, tl.active = state, None  # as _begin does for a "none" plan
+                root = tl.root
+                tl.root = state  # as _begin does for a "none" plan
+                active = tl.active
+                if active is None:  # the common call: one thread-local write less each way
+                    try:
+                        return forward(module, *args, **kwargs)
+                    finally:
+                        tl.root = root
+                tl.active = None
                 try:
                     return forward(module, *args, **kwargs)
                 finally:
