@@ -247,7 +247,8 @@ class GraphRecorder:
 def _train_side_by_side(kind, model, steps, backend, **wrap_args):
     torch.manual_seed(0)
     ref = copy.deepcopy(model)
-    wrap(model, fallback="silent", select="ours", **wrap_args)
+    wrap_args.setdefault("select", "ours")
+    wrap(model, fallback="silent", **wrap_args)
     cm = torch.compile(model, backend=backend)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     opt_r = torch.optim.SGD(ref.parameters(), lr=0.05)
@@ -330,13 +331,97 @@ def test_compile_kernels_torch_keeps_the_graph_torchs_and_families_select():
         wrap(MLP(), compile_kernels="fastest")
 
 
-def test_default_compile_kernels_auto_routes_conv_batchnorm_pool_only():
+class PickRecorder(GraphRecorder):
+    """GraphRecorder that also keeps, per ortcpu:: op, the ``pick`` flags it was traced
+    with (the last schema argument of the picking ops)."""
+
+    def __init__(self):
+        super().__init__()
+        self.picks: dict = {}
+
+    def _keep(self, into):
+        inner = super()._keep(into)
+
+        def compiler(gm, example_inputs):
+            for n in gm.graph.nodes:
+                name = str(n.target)
+                if n.op == "call_function" and name.split(".")[-2:-1] and \
+                        name.startswith("ortcpu.") and "pick" in [
+                            a.name for a in n.target._schema.arguments]:
+                    pick = n.kwargs.get("pick", n.args[-1] if len(n.args) ==
+                                        len(n.target._schema.arguments) else False)
+                    self.picks.setdefault(name.split(".")[1], set()).add(pick)
+            return inner(gm, example_inputs)
+        return compiler
+
+
+def test_default_compile_kernels_auto_routes_gemm_conv_batchnorm_pool():
     rec = GraphRecorder()
     _train_side_by_side("cnn", CNN(), 2, rec)
     ours = {t.split(".")[1] for t in rec.forward if t.startswith("ortcpu.")}
-    assert ours == {"conv", "batch_norm", "batch_norm_update_stats", "max_pool",
+    assert ours == {"linear", "conv", "batch_norm", "batch_norm_update_stats", "max_pool",
                     "global_avg_pool"}, ours
-    assert report(wrap(CNN()), file=None).compiled["routed"][:1] == ["F.conv1d"]
+    rec = GraphRecorder()
+    _train_side_by_side("mlp", MLP(), 2, rec)
+    ours = {t.split(".")[1] for t in rec.forward if t.startswith("ortcpu.")}
+    assert ours == {"linear"}, ours  # GELU, LayerNorm, softmax, loss: Inductor's
+    assert report(wrap(CNN()), file=None).compiled["routed"][:1] == ["F.linear"]
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_default_wrap_compiles_once_gemms_and_convs_pick_their_side(kind):
+    """The default wrap (select='fastest', compile_kernels='auto') under compile: one
+    compilation over the steps, the linear and conv ops traced with pick=True (forward and
+    backward), the side measured once per signature at run time (no guard: no
+    recompile), losses/parameters/gradients as torch's."""
+    L = ortcpu_torch.ops.library
+    L.PICKED.clear()
+    rec = PickRecorder()
+    model = MLP() if kind == "mlp" else CNN()
+    _train_side_by_side(kind, model, 6, rec, select="fastest")
+    assert rec.frames == 1
+    ops = {"linear", "linear_backward"} | ({"conv", "conv_backward"} if kind == "cnn"
+                                           else set())
+    assert ops <= set(rec.picks), rec.picks
+    assert all(rec.picks[o] == {True} for o in ops), rec.picks
+    assert {k[0] for k in L.PICKED} == ops, L.PICKED
+    assert set(L.PICKED.values()) <= {"ours", "torch"}
+    # select='ours': the same ops, always ours (pick=False)
+    rec = PickRecorder()
+    _train_side_by_side(kind, MLP() if kind == "mlp" else CNN(), 2, rec)
+    assert all(rec.picks[o] == {False} for o in ops), rec.picks
+
+
+@pytest.mark.parametrize("side", ["ours", "torch"])
+def test_picking_ops_give_torchs_values_on_either_side(side, monkeypatch):
+    """Whichever side a picking op measured faster, its values and gradients are torch's;
+    both sides' outputs are fresh tensors (opcheck: no aliasing)."""
+    L = ortcpu_torch.ops.library
+    monkeypatch.setattr(L, "_side", lambda key, ours, torch_: side)
+    for dt in (torch.float32, D):
+        tol = {"rtol": 1e-4, "atol": 1e-4} if dt == torch.float32 else {}
+        x, w, b = _r(3, 5, 4, dtype=dt), _r(6, 4, dtype=dt), _r(6, dtype=dt)
+        y = O.linear(x, w, b, True)
+        ref = F.linear(x, w, b)
+        torch.testing.assert_close(y, ref, **tol)
+        g = torch.autograd.grad(y.square().sum(), (x, w, b))
+        torch.testing.assert_close(g, torch.autograd.grad(ref.square().sum(), (x, w, b)),
+                                   **tol)
+        opcheck(O.linear, (x, w, b, True))
+        opcheck(O.linear, (x.detach(), w, None, True))
+        xc, wc, bc = _r(2, 3, 7, 6, dtype=dt), _r(4, 3, 3, 3, dtype=dt), _r(4, dtype=dt)
+        for bias in (bc, None):
+            args = (xc, wc, bias, [2, 1], [1, 0], [1, 2], 1)
+            y = O.conv(*args, True)
+            ref = F.conv2d(xc, wc, bias, (2, 1), (1, 0), (1, 2))
+            torch.testing.assert_close(y, ref, **tol)
+            ins = (xc, wc) + ((bias,) if bias is not None else ())
+            torch.testing.assert_close(torch.autograd.grad(y.square().sum(), ins),
+                                       torch.autograd.grad(ref.square().sum(), ins), **tol)
+            opcheck(O.conv, (*args, True))
+        if dt == D:
+            assert torch.autograd.gradcheck(lambda x, w, b: O.linear(x, w, b, True),
+                                            (x, w, b))
 
 
 def test_exclude_keeps_an_excluded_module_on_torch_under_compile():

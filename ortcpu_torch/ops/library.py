@@ -101,6 +101,29 @@ def _nothing(like: Tensor) -> Tensor:
     return like.new_empty((0,))
 
 
+#: the side each ``pick``ing op call runs, by signature (``_side``): "ours" or "torch"
+PICKED: dict = {}
+
+
+def _side(key, run_ours, run_torch) -> str:
+    """The side of a ``pick=True`` call with this signature ``key``: measured on its first
+    call (``wrap.select.measure``: alternating blocks, the calling thread's CPU time, ties
+    to torch; both sides run on the call's own tensors and write only fresh outputs),
+    then kept. Run-time state of the op body, never read while tracing: no guard."""
+    side = PICKED.get(key)
+    if side is None:
+        from ..wrap.select import measure  # (ops must import before wrap)
+
+        with _no_torch_function():
+            side = PICKED[key] = measure(run_ours, run_torch, (), {})["side"]
+    return side
+
+
+#: torch's side of a picking op calls ATen as eager torch does, never a torch function
+#: mode a caller has entered (a wrap's kernel mode would send it back to ours)
+_no_torch_function = torch._C.DisableTorchFunction
+
+
 def _grads(mask, *pairs):
     """``(grad or None)`` per input: None where not asked for."""
     return tuple(g if m else None for m, g in zip(mask, pairs, strict=True))
@@ -109,29 +132,64 @@ def _grads(mask, *pairs):
 # ---- linear ------------------------------------------------------------------------------
 
 
-@_op("linear")
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """``x·weightᵀ + bias`` (torch.nn.functional.linear) on our GEMM."""
-    key = checked_signature(x, weight, bias)
-    if key not in _LINEAR_CHECKED:  # the eager op's checks, shared cache
-        _check_linear(x, weight, bias)
-        _LINEAR_CHECKED.add(key)
+def _linear_ours(x, weight, bias):
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
     y = KG.gemm(x2, weight.contiguous(), None if bias is None else bias.contiguous(),
                 trans_b=True, op="linear")
     return reshaped(y, (*x.shape[:-1], weight.shape[0]))
 
 
+@_op("linear")
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None, pick: bool = False) -> Tensor:
+    """``x·weightᵀ + bias`` (torch.nn.functional.linear) on our GEMM; ``pick``: on ours
+    or torch's (ATen's ``linear``, what Inductor would call), whichever measured faster
+    for this signature (``_side``)."""
+    key = checked_signature(x, weight, bias)
+    if key not in _LINEAR_CHECKED:  # the eager op's checks, shared cache
+        _check_linear(x, weight, bias)
+        _LINEAR_CHECKED.add(key)
+    if pick and _side(("linear", key), lambda: _linear_ours(x, weight, bias),
+                      lambda: _linear_torch(x, weight, bias)) == "torch":
+        return _linear_torch(x, weight, bias)
+    return _linear_ours(x, weight, bias)
+
+
+def _linear_torch(x, weight, bias):
+    with _no_torch_function():
+        return _fresh(torch.ops.aten.linear.default(x, weight, bias), (x, weight, bias))
+
+
 @register_fake(f"{NS}::linear")
-def _(x, weight, bias):
+def _(x, weight, bias, pick=False):
     TRACED["linear"] += 1
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 @_op("linear_backward")
-def linear_backward(dy: Tensor, x: Tensor, weight: Tensor,
-                    mask: Sequence[bool]) -> tuple[Tensor, Tensor, Tensor]:
-    """(dX, dW, db) of ``linear``; the ones ``mask`` does not ask for are empty."""
+def linear_backward(dy: Tensor, x: Tensor, weight: Tensor, mask: Sequence[bool],
+                    pick: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """(dX, dW, db) of ``linear``; the ones ``mask`` does not ask for are empty.
+    ``pick``: ours or torch's matrix products, as ``linear``."""
+    if pick:
+        key = ("linear_backward", checked_signature(dy, x, weight), tuple(mask))
+        if _side(key, lambda: _linear_bwd_ours(dy, x, weight, mask),
+                 lambda: _linear_bwd_torch(dy, x, weight, mask)) == "torch":
+            return _linear_bwd_torch(dy, x, weight, mask)
+    return _linear_bwd_ours(dy, x, weight, mask)
+
+
+def _linear_bwd_torch(dy, x, weight, mask):
+    """ATen's matrix products, as eager torch's AddmmBackward computes them."""
+    with _no_torch_function():
+        x2 = x.reshape(-1, x.shape[-1])
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        dx = torch.mm(dy2, weight).view(x.shape) if mask[0] else _nothing(x)
+        dw = torch.mm(dy2.t(), x2) if mask[1] else _nothing(x)
+        db = dy2.sum(0) if mask[2] else _nothing(x)
+    return dx, dw, db
+
+
+def _linear_bwd_ours(dy, x, weight, mask):
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
     dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()
     w = weight.contiguous()
@@ -142,23 +200,23 @@ def linear_backward(dy: Tensor, x: Tensor, weight: Tensor,
 
 
 @register_fake(f"{NS}::linear_backward")
-def _(dy, x, weight, mask):
+def _(dy, x, weight, mask, pick=False):
     return (x.new_empty(x.shape) if mask[0] else _nothing(x),
             x.new_empty(weight.shape) if mask[1] else _nothing(x),
             x.new_empty((weight.shape[0],)) if mask[2] else _nothing(x))
 
 
 def _linear_setup(ctx, inputs, output):
-    x, weight, bias = inputs
+    x, weight, bias, pick = inputs
     ctx.save_for_backward(x, weight)
-    ctx.has_bias = bias is not None
+    ctx.has_bias, ctx.pick = bias is not None, pick
 
 
 def _linear_bwd(ctx, dy):
     x, weight = ctx.saved_tensors
     mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1],
             ctx.has_bias and ctx.needs_input_grad[2]]
-    return _grads(mask, *linear_backward(dy, x, weight, mask))
+    return (*_grads(mask, *linear_backward(dy, x, weight, mask, ctx.pick)), None)
 
 
 _autograd(linear, _linear_bwd, setup_context=_linear_setup)
@@ -589,19 +647,37 @@ def _conv_attrs(stride, padding, dilation, groups) -> dict:
 
 @_op("conv")
 def conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Sequence[int],
-         padding: Sequence[int], dilation: Sequence[int], groups: int) -> Tensor:
+         padding: Sequence[int], dilation: Sequence[int], groups: int,
+         pick: bool = False) -> Tensor:
     """Convolution over 1-3 spatial dims (torch.nn.functional.conv1d/2d/3d with symmetric
-    integer padding), batched input [N, C, ...]; ORT Conv."""
+    integer padding), batched input [N, C, ...]; ORT Conv. ``pick``: ours or ATen's
+    ``convolution`` (what Inductor calls), whichever measured faster (``_side``)."""
+    if pick:
+        key = ("conv", checked_signature(x, weight, bias), tuple(stride), tuple(padding),
+               tuple(dilation), groups)
+        args = (x, weight, bias, stride, padding, dilation, groups)
+        if _side(key, lambda: _conv_ours(*args), lambda: _conv_torch(*args)) == "torch":
+            return _conv_torch(*args)
+    return _conv_ours(x, weight, bias, stride, padding, dilation, groups)
+
+
+def _conv_ours(x, weight, bias, stride, padding, dilation, groups):
     return KC.conv_forward("conv", x.contiguous(), weight.contiguous(),
                            None if bias is None else bias.contiguous(),
                            **_conv_attrs(stride, padding, dilation, groups))
+
+
+def _conv_torch(x, weight, bias, stride, padding, dilation, groups):
+    with _no_torch_function():
+        return torch.ops.aten.convolution.default(x, weight, bias, stride, padding, dilation,
+                                                  False, [0] * len(stride), groups)
 
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
 
 @register_fake(f"{NS}::conv")
-def _(x, weight, bias, stride, padding, dilation, groups):
+def _(x, weight, bias, stride, padding, dilation, groups, pick=False):
     TRACED[f"conv{x.dim() - 2}d"] += 1
     # torch's own shape function (its meta kernel), so the shapes agree by construction
     y = _CONV[x.dim() - 2](x, weight, bias, stride, padding, dilation, groups)
@@ -611,8 +687,28 @@ def _(x, weight, bias, stride, padding, dilation, groups):
 @_op("conv_backward")
 def conv_backward(dy: Tensor, x: Tensor, weight: Tensor, stride: Sequence[int],
                   padding: Sequence[int], dilation: Sequence[int], groups: int,
-                  mask: Sequence[bool]) -> tuple[Tensor, Tensor, Tensor]:
-    """(dX, dW, dB) of ``conv`` (ORT ConvGrad), only those ``mask`` asks for."""
+                  mask: Sequence[bool], pick: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """(dX, dW, dB) of ``conv`` (ORT ConvGrad), only those ``mask`` asks for; ``pick``:
+    ours or ATen's ``convolution_backward``, as ``conv``."""
+    args = (dy, x, weight, stride, padding, dilation, groups, mask)
+    if pick:
+        key = ("conv_backward", checked_signature(dy, x, weight), tuple(stride),
+               tuple(padding), tuple(dilation), groups, tuple(mask))
+        if _side(key, lambda: _conv_bwd_ours(*args),
+                 lambda: _conv_bwd_torch(*args)) == "torch":
+            return _conv_bwd_torch(*args)
+    return _conv_bwd_ours(*args)
+
+
+def _conv_bwd_torch(dy, x, weight, stride, padding, dilation, groups, mask):
+    with _no_torch_function():
+        g = torch.ops.aten.convolution_backward.default(
+            dy, x, weight, [weight.shape[0]] if mask[2] else None, stride, padding,
+            dilation, False, [0] * len(stride), groups, [bool(m) for m in mask])
+    return tuple(_nothing(x) if t is None else t for t in g)
+
+
+def _conv_bwd_ours(dy, x, weight, stride, padding, dilation, groups, mask):
     need = tuple(bool(m) for m in mask)
     dx, dw, db = KC.conv_backward("conv", dy.contiguous(), x.contiguous(),
                                   weight.contiguous(), need,
@@ -622,24 +718,24 @@ def conv_backward(dy: Tensor, x: Tensor, weight: Tensor, stride: Sequence[int],
 
 
 @register_fake(f"{NS}::conv_backward")
-def _(dy, x, weight, stride, padding, dilation, groups, mask):
+def _(dy, x, weight, stride, padding, dilation, groups, mask, pick=False):
     return (x.new_empty(x.shape) if mask[0] else _nothing(x),
             x.new_empty(weight.shape) if mask[1] else _nothing(x),
             x.new_empty((weight.shape[0],)) if mask[2] else _nothing(x))
 
 
 def _conv_setup(ctx, inputs, output):
-    x, weight, bias, *geometry = inputs
+    x, weight, bias, *geometry, pick = inputs
     ctx.save_for_backward(x, weight)
-    ctx.geometry, ctx.has_bias = geometry, bias is not None
+    ctx.geometry, ctx.has_bias, ctx.pick = geometry, bias is not None, pick
 
 
 def _conv_bwd(ctx, dy):
     x, weight = ctx.saved_tensors
     n = ctx.needs_input_grad
     mask = [n[0], n[1], ctx.has_bias and n[2]]
-    g = conv_backward(dy, x, weight, *ctx.geometry, mask)
-    return (*_grads(mask, *g), None, None, None, None)
+    g = conv_backward(dy, x, weight, *ctx.geometry, mask, ctx.pick)
+    return (*_grads(mask, *g), None, None, None, None, None)
 
 
 _autograd(conv, _conv_bwd, setup_context=_conv_setup)

@@ -52,11 +52,16 @@ def _floats(*ts) -> bool:
 # ---- adapters: torch's signature in, an ortcpu:: op (or NotImplemented) out -------------
 
 
-def _linear(input, weight, bias=None):
-    if not _floats(input, weight, bias) or weight.dim() != 2 or input.dim() < 1 or \
-            (bias is not None and bias.dim() != 1):
-        return NotImplemented
-    return _OPS.linear(input, weight, bias)
+def _linear_adapter(pick: bool):
+    def adapter(input, weight, bias=None):
+        if not _floats(input, weight, bias) or weight.dim() != 2 or input.dim() < 1 or \
+                (bias is not None and bias.dim() != 1):
+            return NotImplemented
+        return _OPS.linear(input, weight, bias, pick)
+    return adapter
+
+
+_linear = _linear_adapter(False)
 
 
 _GELU = {"none": 0, "tanh": 1}
@@ -181,7 +186,7 @@ def _cross_entropy(input, target, weight=None, size_average=None, ignore_index=-
                               float(label_smoothing), fused)[0]
 
 
-def _conv(r: int):
+def _conv(r: int, pick: bool = False):
     def adapter(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         if isinstance(padding, str) or not _floats(input, weight, bias) or \
                 input.dim() != r + 2 or weight.dim() != r + 2:
@@ -192,7 +197,7 @@ def _conv(r: int):
             d = _tuple("dilation", dilation, r, 1)
         except (TypeError, ValueError):
             return NotImplemented
-        return _OPS.conv(input, weight, bias, s, p, d, int(groups))
+        return _OPS.conv(input, weight, bias, s, p, d, int(groups), pick)
     return adapter
 
 
@@ -273,14 +278,23 @@ FAMILIES: dict[str, list] = {
              (F.adaptive_avg_pool2d, "F.adaptive_avg_pool2d", _adaptive_avg_pool2d)],
 }
 
+#: under ``select="fastest"`` (the default) the GEMM-like families' ops choose their side
+#: per signature at run time (``ops.library._side``): Inductor has no code of its own for
+#: a matrix product or a convolution, it calls ATen's, so the eager measurement of ours
+#: against ATen is the comparison that holds inside the graph too. Pointwise and
+#: normalization ops have no such switch: inside a graph torch's side is Inductor's fused
+#: code, which no op-level measurement sees (those families are in or out as a whole).
+_PICKING = {F.linear: _linear_adapter(True), F.conv1d: _conv(1, True),
+            F.conv2d: _conv(2, True), F.conv3d: _conv(3, True)}
+
 #: ``compile_kernels="ours"``: every family
 ALL = tuple(FAMILIES)
 #: ``compile_kernels="auto"`` (the default): the families whose ortcpu:: ops measured
 #: faster inside an Inductor graph than Inductor's own code (benchmarks/wrap_compile.py,
-#: AVX2 EPYC): convolution, BatchNorm and pooling. The transformer families (GEMM,
-#: GELU, LayerNorm, softmax, cross entropy) measured slower there: Inductor fuses their
-#: neighbours and each ortcpu:: call pays torch.library's Python dispatch.
-AUTO = ("conv", "batch_norm", "pool")
+#: AVX2 EPYC): GEMMs and convolution (each signature on the faster of ours and ATen's,
+#: as above), BatchNorm and pooling. GELU, LayerNorm, softmax and cross entropy measured
+#: slower there: Inductor fuses them with their neighbours.
+AUTO = ("linear", "conv", "batch_norm", "pool")
 COMPILE_CHOICES = ("auto", "ours", "torch")
 
 
@@ -306,10 +320,14 @@ def check_compile_kernels(value) -> tuple[str, ...]:
 def tables(state) -> tuple[dict, dict]:
     """(routed by name, routed inside an included module): torch function -> adapter,
     for the families ``state.compile_kernels`` names, ``include``/``exclude`` applied by
-    functional name as in eager routing."""
+    functional name as in eager routing; GEMMs and convolutions picking their side at run
+    time under ``select="fastest"`` (``_PICKING``), always ours under ``select="ours"``."""
     everything, by_name = {}, {}
+    pick = state.select == "fastest"
     for fam in state.compile_kernels:
         for func, name, adapter in FAMILIES[fam]:
+            if pick:
+                adapter = _PICKING.get(func, adapter)
             everything[func] = adapter
             op = name.split(".", 1)[1]
             if state.selected(name, op):
