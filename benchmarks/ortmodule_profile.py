@@ -126,6 +126,7 @@ def profile_case(case, steps: int, clock) -> dict:
     torch_total = sum(e.self_cpu_time_total for e in tops) / 1e6
     torch_gemm = sum(e.self_cpu_time_total for e in tops if e.key in TORCH_GEMM) / 1e6
     ours_gemm = sum(s for (_, op), (s, _) in nodes.items() if op in GEMM_NODES)
+    split = gemm_split(each)
     return {
         "case": case.name, "torch_ms": med["torch"] * 1e3, "ortmodule_ms": med["ortmodule"] * 1e3,
         "profiled_step_ms": step_s * 1e3, "graph_ms": graph_s * 1e3,
@@ -133,7 +134,24 @@ def profile_case(case, steps: int, clock) -> dict:
                                       for e in tops[:25]],
         "torch_profiled_ms": torch_total * 1e3, "torch_gemm_share": torch_gemm / torch_total,
         "ours_gemm_share": ours_gemm / step_s,
+        "gemm_split_ms": {k: v * 1e3 for k, v in split.items()},
     }
+
+
+def gemm_split(each) -> dict[str, float]:
+    """Seconds per step of the GEMM-type nodes by part and kind, and of everything else in
+    the graphs: ``attention`` is a product of 4-D operands (batched over heads: QK^T, P·V
+    and their gradients), ``dense`` every other GEMM node (Linear / conv / RNN)."""
+    out = collections.defaultdict(float)
+    for part, node, shapes, s in each:
+        if node.op_type not in GEMM_NODES:
+            out[f"{part} other"] += s
+            continue
+        ranks = [len(x) for x in shapes or () if x is not None]
+        kind = "attention" if ranks and min(ranks) == 4 and node.op_type in (
+            "MatMul", "MatMulMergeHeads") else "dense"
+        out[f"{part} {kind}"] += s
+    return dict(sorted(out.items()))
 
 
 def print_case(r: dict, top_nodes: int = 0) -> None:
@@ -146,6 +164,9 @@ def print_case(r: dict, top_nodes: int = 0) -> None:
           f"{r['profiled_step_ms'] - r['graph_ms']:.2f} ms")
     print(f"   GEMM-type share of the step: ORTModule {100 * r['ours_gemm_share']:.0f}%, "
           f"torch {100 * r['torch_gemm_share']:.0f}% (of profiled self CPU)")
+    split = r["gemm_split_ms"]
+    print("   ORTModule ms/step in the graphs: " + ", ".join(
+        f"{k} {v:.1f} ({100 * v / r['profiled_step_ms']:.0f}%)" for k, v in split.items()))
     print("   ORTModule per node type (part, op, calls/step, ms/step):")
     for (part, op), (s, c) in sorted(r["nodes"].items(), key=lambda kv: -kv[1][0]):
         print(f"     {part:<8} {op:<34} {c:>4} {s * 1e3:>8.3f}")

@@ -157,6 +157,68 @@ def test_masked_softmax_kernels_against_torch_with_fully_masked_rows_and_bad_mas
         ex.run({"x": x, "m": torch.ones(3, 6, dtype=torch.bool), "dy": dy})
 
 
+def _masked_softmax_pair(x, mask, dy, scale, fill):
+    from ortcpu_torch.kernels import activations as kact
+
+    m = mask.to(torch.uint8).contiguous()
+    y = kact.masked_softmax_core("MaskedScaledSoftmax", x, m, mask.shape[0], scale, fill)
+    dx = kact.masked_softmax_grad_core("MaskedScaledSoftmaxGrad", dy, y, m, mask.shape[0],
+                                       scale)
+    return y, dx
+
+
+def _reference(x, mask, dy, scale, fill):
+    xr = x.clone().requires_grad_()
+    y = torch.softmax((xr * scale).masked_fill(mask, fill), -1)
+    y.backward(dy)
+    return y.detach(), xr.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [1, 7, 16, 37, 128])
+def test_masked_softmax_kernels_on_causal_rows(dtype, n):
+    """The fused kernels on causal masks against torch, forward and backward: masked
+    elements exactly 0, odd widths for SIMD tails; masked holes among kept elements, fully
+    masked rows (NaN, as torch), a NaN score (its row NaN) and a NaN dY at a masked
+    position (it reaches the row's sum, as in the unfused graph); a finite fill."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(3, 2, n, n, generator=g, dtype=dtype)
+    dy = torch.randn(x.shape, generator=g, dtype=dtype)
+    causal = torch.ones(n, n, dtype=torch.bool).triu(1)
+    y, dx = _masked_softmax_pair(x, causal, dy, 0.35, float("-inf"))
+    ry, rdx = _reference(x, causal, dy, 0.35, float("-inf"))
+    tol = TOL[dtype]
+    torch.testing.assert_close(y, ry, **tol)
+    torch.testing.assert_close(dx, rdx, **tol)
+    assert (y[..., causal] == 0).all() and (dx[..., causal] == 0).all()
+    if n < 7:
+        return
+    holes = causal.clone()
+    holes[3, 1] = True          # a masked element inside the kept prefix
+    holes[4, : n - 1] = True    # only the last element kept
+    holes[5] = True             # nothing kept: NaN, as torch
+    xs = x.clone()
+    xs[0, 0, 2, 1] = float("nan")  # a NaN score in the prefix: that row all NaN
+    dys = dy.clone()
+    dys[1, 1, 6, n - 1] = float("nan")  # a NaN dY in the (masked) tail reaches the sum
+    y, dx = _masked_softmax_pair(xs, holes, dys, 0.5, float("-inf"))
+    ry, rdx = _reference(xs, holes, dys, 0.5, float("-inf"))
+    torch.testing.assert_close(y, ry, equal_nan=True, **tol)
+    assert y[0, 0, 2].isnan().all() and y[:, :, 5].isnan().all()
+    keep = ~holes
+    ok = torch.ones(n, dtype=torch.bool)
+    ok[5] = False  # torch's gradient of a fully masked row is NaN-polluted differently
+    torch.testing.assert_close(dx[..., ok, :].masked_select(keep[ok]),
+                               rdx[..., ok, :].masked_select(keep[ok]), equal_nan=True, **tol)
+    assert dx[1, 1, 6, : 7].isnan().all()
+    assert (dx[..., holes] == 0).all()
+    # a finite fill (no shortcut: the tail is exp(fill - max), not 0)
+    y, dx = _masked_softmax_pair(x, causal, dy, 1.0, -3.0)
+    ry, rdx = _reference(x, causal, dy, 1.0, -3.0)
+    torch.testing.assert_close(y, ry, **tol)
+    torch.testing.assert_close(dx, rdx, **tol)
+
+
 class Recurrent(nn.Module):
     def __init__(self, **kw):
         super().__init__()
