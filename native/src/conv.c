@@ -293,6 +293,22 @@ static inline int64_t wino_plane(int64_t ch, int64_t ld)
     return ch * ld + 16;
 }
 
+/* Which lowering the forward of geom runs (CONV_ALGO_*, never AUTO): the dispatch order
+ * of ortcpu_conv_forward_*. */
+int ortcpu_conv_path(const int64_t *geom, int elem_size)
+{
+    conv_geom q;
+    int st = conv_geom_read(geom, &q);
+    if (st) return st;
+    if (elem_size != 4 && elem_size != 8)
+        return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv_path: elem_size must be 4 or 8");
+    if (conv_dw_use(&q)) return CONV_ALGO_DEPTHWISE;
+    int wr = conv_wino_tile(&q);
+    if (wr) return wr == 2 ? CONV_ALGO_WINOGRAD2 : CONV_ALGO_WINOGRAD4;
+    if (conv_pk_use(&q, (size_t)elem_size)) return CONV_ALGO_PACKED;
+    return q.small_map ? CONV_ALGO_SMALL_MAP : CONV_ALGO_IM2COL;
+}
+
 #define T float
 #define SFX f32
 #define ACC double
