@@ -152,8 +152,10 @@ static inline void conv_valid_range(int64_t off, int64_t s, int64_t in, int64_t 
 /* Auto takes the packed path on small maps (where the small-map im2col path would run)
  * when one group's weights are at most this many bytes: they stay in L2 beside a
  * sample's column matrix while every sample streams them (the kernel does not block K).
- * Measured, 1 thread CPU time, N64, forward: 1->32 on 8x8 1.4-1.5x, 32->64 on 4x4
- * 1.1-1.5x, 1->32 on 28x28 1.07x; dX of 32->64 on 4x4 1.1-1.7x (against small-map). */
+ * Measured against small-map, 1 thread CPU time, N64, on a loaded AVX2 EPYC (noisy):
+ * forward 1->32 on 8x8 1.4-1.5x, 32->64 on 4x4 1.1-1.5x, 1->32 on 28x28 1.07x; dX of
+ * 32->64 on 4x4 1.1-1.7x; whole fwd + bwd (min of 60 interleaved calls, dW unchanged)
+ * 1->32 on 8x8 1.29x, on 28x28 1.27x, 32->64 on 4x4 0.96-1.0x (benchmarks/conv_small). */
 #define CONV_PK_WEIGHT_BYTES (128 * 1024)
 static int conv_pk_use(const conv_geom *q, size_t esz)
 {
