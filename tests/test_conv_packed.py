@@ -4,8 +4,8 @@ with algo="packed" and chosen by auto on small maps with small weights: forward,
 dB against torch in float64 and float32 over the small-map geometries (pads, strides,
 groups, odd maps), tile tails (output channels not a multiple of the 6-row tile, maps
 not a multiple of the 16 / 8-column tile), batch 0/1/odd, 1 and 2 threads; float64
-gradcheck through the autograd front end; NaN; the routing of auto by shape and dtype;
-a clear error where the geometry does not fit."""
+gradcheck through the autograd front end; NaN and inf; the routing of auto by shape and
+dtype (kernels.conv.conv_path); a clear error where the geometry does not fit."""
 
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def test_packed_float32_vs_torch(case, threads):
 ])
 def test_packed_gradcheck_through_autograd(shape, wshape, kw):
     # float64 with these weights is under auto's packed limit: the front end runs the
-    # packed path (test_auto_routes_small_maps_to_packed checks that routing)
+    # packed path (test_auto_routes_small_maps_to_packed checks the routing)
     x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
     wt = torch.randn(*wshape, dtype=torch.float64, requires_grad=True)
     b = torch.randn(wshape[0], dtype=torch.float64, requires_grad=True)
@@ -131,51 +131,56 @@ def test_packed_nan_and_inf():
     assert torch.isnan(dx[0, 0, 2:, 2:]).all() and not torch.isnan(dx[0, 0, :2, :]).any()
 
 
-def _paths(x, w, b, g, algo):
-    return _run(x, w, b, (1, 1), [1, 1, 1, 1], 1, g, algo)
+def _path(shape, wshape, dtype=torch.float32, **attrs):
+    return KC.conv_path("Conv", torch.empty(shape, dtype=dtype), torch.empty(wshape, dtype=dtype),
+                        **attrs)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_auto_routes_small_maps_to_packed(dtype):
-    # bit-equal outputs tell the paths apart in float32, where packed and the BLAS GEMM
-    # sum in different orders (in float64 both come out the same here: auto == packed
-    # is all this checks). Forward and dX follow the packed path, dW / dB the small-map
-    # one.
+P1 = dict(pads=[1, 1, 1, 1])
+
+
+def test_auto_routes_small_maps_to_packed():
+    # the digits CNN's two convolutions, in both dtypes (32->64: 73.7 KB of float32
+    # weights, 147 KB of float64: over the 128 KB limit)
+    assert _path((64, 1, 8, 8), (32, 1, 3, 3), **P1) == "packed"
+    assert _path((64, 1, 8, 8), (32, 1, 3, 3), torch.float64, **P1) == "packed"
+    assert _path((64, 32, 4, 4), (64, 32, 3, 3), **P1) == "packed"
+    assert _path((64, 32, 4, 4), (64, 32, 3, 3), torch.float64, **P1) == "small_map"
+    assert _path((1, 3, 5, 7), (7, 3, 3, 3), **P1) == "packed"      # batch 1, odd map
+    assert _path((2, 8, 8, 8), (6, 4, 3, 3), group=2, strides=[2, 2], **P1) == "packed"
+    assert _path((2, 2, 28, 28), (5, 2, 3, 3), **P1) == "packed"    # 784 outputs
+    # weights over 128 KB (float32 64 x 576), maps of 1024 outputs and more, pointwise
+    # kernels, dilation: not packed
+    assert _path((2, 64, 4, 4), (64, 64, 3, 3), **P1) == "small_map"
+    assert _path((1, 3, 32, 32), (4, 3, 3, 3), **P1) == "im2col"
+    assert _path((2, 8, 4, 4), (8, 8, 1, 1)) == "im2col"
+    assert _path((2, 8, 6, 6), (8, 8, 3, 3), dilations=[2, 2], **P1) == "im2col"
+    # Winograd and depthwise keep their shapes (an 8x8 map with 16 -> 16 channels)
+    assert _path((16, 16, 8, 8), (16, 16, 3, 3), **P1).startswith("winograd")
+    assert _path((2, 8, 8, 8), (8, 1, 5, 5), group=8, pads=[2, 2, 2, 2]) == "depthwise"
+    # forcing
+    assert _path((2, 64, 4, 4), (64, 64, 3, 3), algo="packed", **P1) == "packed"
+    assert _path((64, 32, 4, 4), (64, 32, 3, 3), algo="small_map", **P1) == "small_map"
+
+
+def test_auto_results_follow_the_routing():
+    # auto's forward and dX are bit-equal to the forced path it routes to (after a
+    # first call: the GEMM backend's first-use timing of a shape class, gemm.h, may run
+    # that call on the other backend)
     torch.manual_seed(0)
-    x, w, b = torch.randn(8, 16, 4, 4, dtype=dtype), torch.randn(24, 16, 3, 3, dtype=dtype), \
-        torch.randn(24, dtype=dtype)
-    g = torch.randn(8, 24, 4, 4, dtype=dtype)
-    auto, packed, small = (_paths(x, w, b, g, a) for a in ("auto", "packed", "small_map"))
-    if dtype == torch.float32:
-        assert not torch.equal(packed[0], small[0])
-    for a, p in zip(auto, packed, strict=True):
-        assert torch.equal(a, p)
-    assert torch.equal(packed[2], small[2]) and torch.equal(packed[3], small[3])
-
-
-def test_auto_keeps_big_weights_and_big_maps_off_packed():
-    torch.manual_seed(0)
-    # weights over 128 KB (float32 64 x 576): small-map im2col as before
-    x, w, b = torch.randn(2, 64, 4, 4), torch.randn(64, 64, 3, 3), torch.randn(64)
-    g = torch.randn(2, 64, 4, 4)
-    auto, packed, small = (_paths(x, w, b, g, a) for a in ("auto", "packed", "small_map"))
-    assert not torch.equal(packed[0], small[0])
-    for a, s in zip(auto, small, strict=True):
-        assert torch.equal(a, s)
-    # the same weights in float64 are over the limit where float32 is under it (a
-    # smoke check: float64 does not tell the two paths apart by their bits)
-    x, w = torch.randn(2, 32, 4, 4, dtype=torch.float64), torch.randn(64, 32, 3, 3,
-                                                                       dtype=torch.float64)
-    g = torch.randn(2, 64, 4, 4, dtype=torch.float64)
-    auto, small = (_paths(x, w, None, g, a) for a in ("auto", "small_map"))
-    for a, s in zip(auto, small, strict=True):
-        assert (a is None and s is None) or torch.equal(a, s)
-    # 32x32 outputs (1024 positions) are not a small map: auto stays off both paths
-    x, w = torch.randn(1, 3, 32, 32), torch.randn(4, 3, 3, 3)
-    g = torch.randn(1, 4, 32, 32)
-    auto, generic = (_paths(x, w, None, g, a) for a in ("auto", "im2col"))
-    for a, s in zip(auto, generic, strict=True):
-        assert (a is None and s is None) or torch.equal(a, s)
+    for wshape in ((24, 16, 3, 3), (64, 64, 3, 3)):
+        x, w = torch.randn(8, wshape[1], 4, 4), torch.randn(*wshape)
+        g = torch.randn(8, wshape[0], 4, 4)
+        want = _path(tuple(x.shape), wshape, **P1)
+        res = {}
+        for algo in ("auto", want):
+            for _ in range(2):
+                y = KC.conv_forward("Conv", x, w, algo=algo, **P1)
+                dx, _, _ = KC.conv_backward("ConvGrad", g, x, w, (True, False, False),
+                                            algo=algo, **P1)
+            res[algo] = (y, dx)
+        assert torch.equal(res["auto"][0], res[want][0])
+        assert torch.equal(res["auto"][1], res[want][1])
 
 
 @pytest.mark.parametrize("shape,kw,msg", [

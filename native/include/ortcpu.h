@@ -505,9 +505,13 @@ int ortcpu_gemm_f64(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, d
  * 2 Winograd F(2x2,3x3), 3 F(4x4,3x3): 2-D 3x3, stride 1, dilation 1, group 1 only;
  * 4 small-map im2col: 2-D, stride 1, dilation 1, pads >= 0, padded plane <= 1024;
  * 5 depthwise: group == C > 1, M a multiple of C, 1-D/2-D, pads >= 0; auto picks it
- * there for stride 1, kernels of 5x5 and up, or outputs of 14x14 and more).
+ * there for stride 1, kernels of 5x5 and up, or outputs of 14x14 and more;
+ * 6 packed: the small-map geometry, forward and dx on a packed-weight register-tile
+ * GEMM, auto there for weights of at most 128 KB per group).
  * x [N,C,in], w [M,C/group,kernel], b [M] or NULL, y [N,M,out]. Backward: any of dx,
- * dw, db may be NULL.                                                              */
+ * dw, db may be NULL. ortcpu_conv_path: the algorithm (1..6) the forward of geom runs
+ * for elements of elem_size bytes (4 or 8), or a negative status (tests, benchmarks). */
+int ortcpu_conv_path(const int64_t *geom, int elem_size);
 int ortcpu_conv_forward_f32(const float *x, const float *w, const float *b, float *y,
                             const int64_t *geom, int nthreads);
 int ortcpu_conv_forward_f64(const double *x, const double *w, const double *b, double *y,

@@ -152,8 +152,10 @@ static inline void conv_valid_range(int64_t off, int64_t s, int64_t in, int64_t 
 /* Auto takes the packed path on small maps (where the small-map im2col path would run)
  * when one group's weights are at most this many bytes: they stay in L2 beside a
  * sample's column matrix while every sample streams them (the kernel does not block K).
- * Measured, 1 thread CPU time, N64, forward: 1->32 on 8x8 1.4-1.5x, 32->64 on 4x4
- * 1.1-1.5x, 1->32 on 28x28 1.07x; dX of 32->64 on 4x4 1.1-1.7x (against small-map). */
+ * Measured against small-map, 1 thread CPU time, N64, on a loaded AVX2 EPYC (noisy):
+ * forward 1->32 on 8x8 1.4-1.5x, 32->64 on 4x4 1.1-1.5x, 1->32 on 28x28 1.07x; dX of
+ * 32->64 on 4x4 1.1-1.7x; whole fwd + bwd (min of 60 interleaved calls, dW unchanged)
+ * 1->32 on 8x8 1.29x, on 28x28 1.27x, 32->64 on 4x4 0.96-1.0x (benchmarks/conv_small). */
 #define CONV_PK_WEIGHT_BYTES (128 * 1024)
 static int conv_pk_use(const conv_geom *q, size_t esz)
 {
@@ -291,6 +293,22 @@ static int64_t wino_block(const wino_geom *g, size_t esz, int t, int64_t *nblock
 static inline int64_t wino_plane(int64_t ch, int64_t ld)
 {
     return ch * ld + 16;
+}
+
+/* Which lowering the forward of geom runs (CONV_ALGO_*, never AUTO): the dispatch order
+ * of ortcpu_conv_forward_*. */
+int ortcpu_conv_path(const int64_t *geom, int elem_size)
+{
+    conv_geom q;
+    int st = conv_geom_read(geom, &q);
+    if (st) return st;
+    if (elem_size != 4 && elem_size != 8)
+        return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv_path: elem_size must be 4 or 8");
+    if (conv_dw_use(&q)) return CONV_ALGO_DEPTHWISE;
+    int wr = conv_wino_tile(&q);
+    if (wr) return wr == 2 ? CONV_ALGO_WINOGRAD2 : CONV_ALGO_WINOGRAD4;
+    if (conv_pk_use(&q, (size_t)elem_size)) return CONV_ALGO_PACKED;
+    return q.small_map ? CONV_ALGO_SMALL_MAP : CONV_ALGO_IM2COL;
 }
 
 #define T float

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .._native import empty, ffi, native_fn, ptr
+from .._native import empty, ffi, lib, native_fn, ptr
 from ._checks import (
     check_status,
     float_input,
@@ -156,6 +156,19 @@ def conv_backward_plan(plan: ConvPlan, dY, X, W, need=(True, True, True)):
     if st:
         check_status(st, plan.op)
     return dX, dW, dB
+
+
+PATHS = {v: k for k, v in ALGOS.items() if v}
+
+
+def conv_path(op, X, W, **attrs) -> str:
+    """The lowering (an ``ALGOS`` name other than "auto") ``conv_forward`` runs for these
+    arguments; backward follows it for dX (dW / dB of "packed" run as "small_map")."""
+    _, _, _, geom, _ = _checked(op, X, W, None, attrs)
+    st = lib.ortcpu_conv_path(geom, X.element_size())
+    if st < 0:
+        check_status(st, op)
+    return PATHS[st]
 
 
 def conv_forward(op, X, W, B=None, **attrs):
