@@ -522,19 +522,22 @@ int ortcpu_conv_backward_f64(const double *dy, const double *x, const double *w,
                              double *dw, double *db, const int64_t *geom, int nthreads);
 
 /* ---- inference convolution (graph executor), conv_infer.c ----------------------
- * 2-D only (1-D as H = 1). geom[16]: N, C, H, W, M, group, KH, KW, OH, OW, stride h/w,
- * pad top/left (>= 0; the end pads follow from OH/OW), dilation h/w. The weights
+ * 2-D only (1-D as H = 1). geom[17]: N, C, H, W, M, group, KH, KW, OH, OW, stride h/w,
+ * pad top/left (>= 0; the end pads follow from OH/OW), dilation h/w, layout (0 row
+ * tiles, 1 channel tiles for small maps: float32 only). The weights
  * w [M, C/group, KH, KW] are packed once (conv_infer_pack) into conv_infer_packed_size
  * elements; then y [N,M,OH,OW] = relu?(conv(x, w) + b + res), b [M] and res (y's shape)
- * may be NULL, relu 0/1. */
+ * may be NULL. flags: bit 0 ReLU; bit 1 packs every chunk's input columns (else full
+ * chunks within an output row, or of a 1x1 stride-1 X, are read in place when a group
+ * has at most 64 output channels; tests). */
 int ortcpu_conv_infer_packed_size(const int64_t *geom, int64_t *elements);
 int ortcpu_conv_infer_pack_f32(const float *w, const int64_t *geom, float *packed);
 int ortcpu_conv_infer_pack_f64(const double *w, const int64_t *geom, double *packed);
 int ortcpu_conv_infer_f32(const float *x, const float *packed, const float *b,
-                          const float *res, float *y, const int64_t *geom, int relu,
+                          const float *res, float *y, const int64_t *geom, int flags,
                           int nthreads);
 int ortcpu_conv_infer_f64(const double *x, const double *packed, const double *b,
-                          const double *res, double *y, const int64_t *geom, int relu,
+                          const double *res, double *y, const int64_t *geom, int flags,
                           int nthreads);
 
 /* ---- pooling (spec §6.2, §6.3), pool.c --------------------------------------

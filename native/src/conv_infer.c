@@ -21,6 +21,13 @@
  * into the padded buffer is split over (sample, channel) first. One parallel region a
  * call.
  *
+ * Small maps (a row tile's 16 positions would waste lanes: 7x7 = 49 -> 64) take layout 1
+ * (float32): a tile is CI_CW = 16 output channels (2 vectors) x CI_PR = 6 output
+ * positions, each position's input broadcast from its own offset, so positions need not
+ * be contiguous; weights packed [K][16] per 16-channel panel. Threads split (sample,
+ * group, panel, position range); the tile leaves through a small buffer (transposed into
+ * NCHW with the epilogue).
+ *
  * NaN propagates as in a plain convolution (padding is zeros; dropped columns and
  * channels are never stored); ReLU keeps NaN (v < 0 ? 0 : v). */
 #include "common.h"
@@ -28,11 +35,16 @@
 #include <omp.h>
 
 /* geom[CI_GEOM_LEN]: N, C, H, W, M, group, KH, KW, OH, OW, stride h/w, pad top/left,
- * dilation h/w */
+ * dilation h/w, layout (0 row tiles, 1 channel tiles) */
 enum { G_N, G_C, G_H, G_W, G_M, G_GROUP, G_KH, G_KW, G_OH, G_OW, G_SH, G_SW, G_PT, G_PL,
-       G_DH, G_DW, CI_GEOM_LEN };
+       G_DH, G_DW, G_LAYOUT, CI_GEOM_LEN };
 
 #define CI_MR 6
+/* output channels per group up to which row tiles read their taps in place */
+#define CI_IN_PLACE_MAX_M 64
+/* channel tiles (layout 1, float32): CI_CW output channels x CI_PR positions */
+#define CI_CW 16
+#define CI_PR 6
 /* bytes of one position block's input columns (K x block elements) kept near L2 */
 #define CI_BLOCK_BYTES (160 * 1024)
 /* taps per slice: a tile's packed columns (CI_KC x NR) and weights (CI_KC x MR) near L1 */
@@ -45,6 +57,7 @@ typedef struct {
     int64_t cg, mg, k;     /* channels per group in / out, K = cg * kh * kw */
     int64_t panels;        /* MR-channel weight panels per group */
     int direct;            /* 1x1, stride 1, no pad: read X itself */
+    int cv;                /* layout 1: channel tiles (weights [K][CI_CW] per panel) */
     int nph, npw;          /* phases kept along h / w */
     int phase_h[64], phase_w[64];  /* phase (offset mod stride) -> kept index, -1 */
     int64_t hq, wq;        /* rows / columns of one phase plane */
@@ -61,12 +74,13 @@ static int ci_geom_read(const int64_t *g, ci_geom *q)
     if (q->n < 0 || q->c < 1 || q->h < 1 || q->w < 1 || q->m < 1 || q->group < 1 ||
         q->c % q->group || q->m % q->group || q->kh < 1 || q->kw < 1 || q->oh < 1 ||
         q->ow < 1 || q->sh < 1 || q->sw < 1 || q->sh > 64 || q->sw > 64 || q->pt < 0 ||
-        q->pl < 0 || q->dh < 1 || q->dw < 1)
+        q->pl < 0 || q->dh < 1 || q->dw < 1 || g[G_LAYOUT] < 0 || g[G_LAYOUT] > 1)
         return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv_infer: invalid geometry");
+    q->cv = (int)g[G_LAYOUT];
     q->cg = q->c / q->group;
     q->mg = q->m / q->group;
     q->k = q->cg * q->kh * q->kw;
-    q->panels = (q->mg + CI_MR - 1) / CI_MR;
+    q->panels = q->cv ? (q->mg + CI_CW - 1) / CI_CW : (q->mg + CI_MR - 1) / CI_MR;
     q->direct = q->kh == 1 && q->kw == 1 && q->sh == 1 && q->sw == 1 && q->pt == 0 &&
                 q->pl == 0 && q->oh == q->h && q->ow == q->w;
     int64_t shift_h = 0, shift_w = 0;
@@ -109,22 +123,26 @@ int ortcpu_conv_infer_packed_size(const int64_t *geom, int64_t *elements)
     ci_geom q = {0};
     int st = ci_geom_read(geom, &q);
     if (st) return st;
-    *elements = q.group * q.panels * q.k * CI_MR;
+    *elements = q.group * q.panels * q.k * (q.cv ? CI_CW : CI_MR);
     return ORTCPU_OK;
 }
 
 #define T float
 #define TI int32_t
 #define SFX f32
+#define CI_HAS_CV 1
 #include "conv_infer.inc"
 #undef T
 #undef TI
 #undef SFX
+#undef CI_HAS_CV
 
 #define T double
 #define TI int64_t
 #define SFX f64
+#define CI_HAS_CV 0
 #include "conv_infer.inc"
 #undef T
 #undef TI
 #undef SFX
+#undef CI_HAS_CV

@@ -2,9 +2,11 @@
 per plan, a direct convolution on NCHW with the bias, a residual addend and ReLU applied
 as the output leaves the registers (no im2col buffer, no extra passes over Y).
 
-Which of it and the training kernel (``conv_forward``: im2col/Winograd/depthwise + GEMM,
-the epilogue as separate in-place passes) runs a Conv is decided per shape by measurement:
-the first run of a plan times both on its real inputs (wall time, the plan's thread
+It tiles the output as 6 channels x 16 positions ("packed"), or for small maps in float32
+also as 16 channels x 6 positions ("channels", no lanes lost to 7x7 maps). Which of these
+and the training kernel (``conv_forward``: im2col/Winograd/depthwise + GEMM, the epilogue
+as separate in-place passes) runs a Conv is decided per shape by measurement:
+the first run of a plan times them on its real inputs (wall time, the plan's thread
 count, best of a few alternating rounds) and keeps the faster; decisions are cached per
 (geometry, dtype, epilogue, threads) for the process, so later plans of the same shapes
 do not time again.
@@ -20,11 +22,13 @@ import torch
 
 from .._native import check_status, empty, ffi, get_num_threads, lib, native_fn, ptr
 
-#: (geometry, dtype, bias?, steps, into a buffer?, threads) -> "packed" / "training"
+#: (geometry, dtype, bias?, steps, into a buffer?, threads) -> "packed" / "channels" /
+#: "training"
 _DECIDED: dict[tuple, str] = {}
-#: "auto" (measure), or "packed" / "training" for every Conv bound from now on
+#: "auto" (measure), or "packed" / "channels" / "training" for every Conv bound from now on
+#: ("channels" runs "packed" where channel tiles do not apply)
 _MODE = [os.environ.get("ORTCPU_GRAPH_CONV", "auto").strip().lower() or "auto"]
-MODES = ("auto", "packed", "training")
+MODES = ("auto", "packed", "channels", "training")
 if _MODE[0] not in MODES:
     raise ValueError(f"ORTCPU_GRAPH_CONV must be one of {MODES}, got {_MODE[0]!r}")
 #: timing rounds per candidate (alternating), after one warm-up call each
@@ -45,15 +49,32 @@ def infer_geometry(geom: list) -> list | None:
             p[2], d[1], d[2]]
 
 
+#: output positions per sample up to which channel tiles are a candidate (28 x 28)
+CHANNEL_TILES_MAX_POSITIONS = 784
+
+
+def channel_tiles(geom: list, dtype: torch.dtype) -> bool:
+    """Whether channel tiles (layout 1: 16 output channels x 6 positions, float32) are a
+    candidate for ``infer_geometry``'s geometry besides row tiles (6 channels x 16
+    positions): small maps, where row tiles waste lanes (7x7 = 49 positions fill 64) and
+    a 3x3's taps gathered per 6 positions measured faster (resnet50's 7x7 to 28x28 3x3s),
+    with at least 16 output channels per group."""
+    return dtype == torch.float32 and geom[8] * geom[9] <= CHANNEL_TILES_MAX_POSITIONS and \
+        geom[4] // max(1, geom[5]) >= 16
+
+
 class PackedConv:
     """One Conv geometry with its weight packed: ``run(x, b, res, relu, out)`` ->
     relu?(conv(x, W) + b + res) into ``out`` (a fresh tensor when None). Inputs must be
-    contiguous tensors of the geometry's shapes and dtype (the caller checks)."""
+    contiguous tensors of the geometry's shapes and dtype (the caller checks). ``layout``:
+    0 row tiles, 1 channel tiles (float32 only)."""
 
-    def __init__(self, w: torch.Tensor, geom: list, out_shape: tuple):
+    def __init__(self, w: torch.Tensor, geom: list, out_shape: tuple, layout: int = 0):
         self.dtype = w.dtype
         self.out_shape = tuple(out_shape)
-        self.geom = ffi.new("int64_t[]", geom)
+        geom = list(geom)[:16]
+        self.layout = layout
+        self.geom = ffi.new("int64_t[]", [*geom, layout])
         size = ffi.new("int64_t *")
         check_status(lib.ortcpu_conv_infer_packed_size(self.geom, size), "Conv")
         self.packed = torch.empty(size[0], dtype=w.dtype)
@@ -62,16 +83,19 @@ class PackedConv:
                                                            ptr(self.packed)), "Conv")
         self._fn = native_fn("conv_infer", w.dtype)
 
-    def run(self, x, b=None, res=None, relu=False, out=None):
+    def run(self, x, b=None, res=None, relu=False, out=None, pack_all=False):
+        """``pack_all``: every chunk's input columns packed, none read in place (tests)."""
         y = empty(self.out_shape, self.dtype) if out is None else out
         check_status(self._fn(ptr(x), ptr(self.packed), ptr(b), ptr(res), ptr(y), self.geom,
-                              1 if relu else 0, get_num_threads()), "Conv")
+                              (1 if relu else 0) | (2 if pack_all else 0),
+                              get_num_threads()), "Conv")
         return y
 
 
 def set_mode(mode: str) -> None:
     """``"auto"``: each Conv signature runs on whichever kernel measured faster (the
-    default; ``ORTCPU_GRAPH_CONV`` sets it at import); ``"packed"`` / ``"training"``: that
+    default; ``ORTCPU_GRAPH_CONV`` sets it at import); ``"packed"`` / ``"channels"`` /
+    ``"training"``: that
     kernel for every Conv whose first run comes after this call (reproducible rounding,
     e.g. for outputs that are exact ties)."""
     if mode not in MODES:
@@ -91,6 +115,8 @@ def measured_choice(key: tuple, candidates: dict):
     def run(*args):
         if not chosen:
             mode = _MODE[0]
+            if mode == "channels" and mode not in candidates:
+                mode = "packed"
             chosen.append(candidates[mode if mode in candidates else
                                      _pick(key, candidates, args)])
         return chosen[0](*args)
@@ -126,7 +152,8 @@ def _pick(key, candidates, args) -> str:
 
 
 def decisions() -> dict:
-    """The choices made so far (key -> "packed" / "training"), for reports and benchmarks."""
+    """The choices made so far (key -> "packed" / "channels" / "training"), for reports and
+    benchmarks."""
     return dict(_DECIDED)
 
 
@@ -146,6 +173,7 @@ def bind_static_conv(generic, w_const, geom, out_shape, xs, bs, dt, steps, into_
     if into_buffer and "add" in steps:
         return None
     packed = PackedConv(w_const, g16, out_shape)
+    chan = PackedConv(w_const, g16, out_shape, 1) if channel_tiles(g16, dt) else None
     relu, add = "relu" in steps, "add" in steps
     ws = w_const.shape
 
@@ -163,32 +191,38 @@ def bind_static_conv(generic, w_const, geom, out_shape, xs, bs, dt, steps, into_
             y.add_(r)
         return y.relu_() if relu else y
 
-    if add:
-        def infer(x, w, b, r):
-            if not fits(x, w, b, r) or ws != w.shape:
-                return slow(x, w, b, r)
-            return packed.run(x, b, r, relu)
+    def native(pc):
+        if add:
+            def infer(x, w, b, r):
+                if not fits(x, w, b, r) or ws != w.shape:
+                    return slow(x, w, b, r)
+                return pc.run(x, b, r, relu)
+        elif into_buffer:
+            def infer(x, w, b, out):
+                if not fits(x, w, b) or not out.is_contiguous():
+                    return slow(x, w, b, out=out)
+                return pc.run(x, b, None, relu, out)
+        else:
+            def infer(x, w, b=None):
+                if not fits(x, w, b):
+                    return slow(x, w, b)
+                return pc.run(x, b, None, relu)
+        return infer
 
+    if add:
         def gen(x, w, b, r):
             return slow(x, w, b, r)
     elif into_buffer:
-        def infer(x, w, b, out):
-            if not fits(x, w, b) or not out.is_contiguous():
-                return slow(x, w, b, out=out)
-            return packed.run(x, b, None, relu, out)
-
         def gen(x, w, b, out):
             return slow(x, w, b, out=out)
     else:
-        def infer(x, w, b=None):
-            if not fits(x, w, b):
-                return slow(x, w, b)
-            return packed.run(x, b, None, relu)
-
         def gen(x, w, b=None):
             return slow(x, w, b)
     key = (tuple(g16), dt, bs is not None, tuple(steps), bool(into_buffer),
            get_num_threads())
-    fn = measured_choice(key, {"packed": infer, "training": gen})
-    fn.keep = packed
+    cands = {"packed": native(packed), "training": gen}
+    if chan is not None:
+        cands["channels"] = native(chan)
+    fn = measured_choice(key, cands)
+    fn.keep = (packed, chan)
     return fn

@@ -50,30 +50,86 @@ def _reference(x, w, b, r, stride, pads, dil, group, relu):
     return ref.relu() if relu else ref
 
 
-def _packed(x, w, stride, pads, dil, group):
+def _packed(x, w, stride, pads, dil, group, layout=0):
     geom, out = conv_geometry("Conv", x, w, pads=list(pads), strides=list(stride),
                               dilations=list(dil), group=group)
     g16 = infer_geometry(geom)
     assert g16 is not None
-    return PackedConv(w, g16, out), out
+    return PackedConv(w, g16, out, layout), out
 
 
+@pytest.mark.parametrize("layout", [0, 1])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES)
-def test_packed_conv_vs_torch(case, dtype):
+def test_packed_conv_vs_torch(case, dtype, layout):
+    """Row tiles (layout 0; taps read in place and, ``pack_all``, every chunk packed) and
+    channel tiles (layout 1, float32 only) against torch."""
     n, c, h, wd, m, k, s, p, d, g = case
     gen = torch.Generator().manual_seed(hash(case) % 1000)
     x = torch.randn(n, c, h, wd, generator=gen, dtype=dtype)
     w = torch.randn(m, c // g, *k, generator=gen, dtype=dtype)
     b = torch.randn(m, generator=gen, dtype=dtype)
-    pc, out = _packed(x, w, s, p, d, g)
+    if layout == 1 and dtype == torch.float64:
+        with pytest.raises(KernelError, match="float32 only"):
+            _packed(x, w, s, p, d, g, layout)
+        return
+    pc, out = _packed(x, w, s, p, d, g, layout)
     r = torch.randn(out, generator=gen, dtype=dtype)
     for bias, res, relu in [(None, None, False), (b, None, True), (b, r, True), (None, r, False)]:
-        y = pc.run(x, bias, res, relu)
         ref = _reference(x, w, bias, res, s, p, d, g, relu)
-        assert y.shape == ref.shape and y.dtype == dtype
-        err = (y.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)
-        assert err < TOL[dtype], (case, bias is not None, res is not None, relu, float(err))
+        for pack_all in (False, True) if layout == 0 else (False,):
+            y = pc.run(x, bias, res, relu, pack_all=pack_all)
+            assert y.shape == ref.shape and y.dtype == dtype
+            err = (y.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)
+            assert err < TOL[dtype], (case, bias is not None, res is not None, relu, pack_all,
+                                      float(err))
+
+
+# small maps, many channels: channel tiles' panels (M not a multiple of 16), position
+# tails (OH * OW not a multiple of 6), sliced and unsliced taps, and batch 8
+SMALL_MAPS = [
+    (1, 64, 7, 7, 40, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    (8, 300, 7, 7, 33, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),
+    (1, 32, 14, 14, 64, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 1),
+    (2, 48, 13, 13, 96, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 2),
+    (1, 17, 5, 3, 16, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1),
+]
+
+
+@pytest.mark.parametrize("case", SMALL_MAPS)
+def test_channel_tiles_vs_row_tiles(case):
+    n, c, h, wd, m, k, s, p, d, g = case
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(n, c, h, wd, generator=gen)
+    w = torch.randn(m, c // g, *k, generator=gen)
+    b = torch.randn(m, generator=gen)
+    rows, out = _packed(x, w, s, p, d, g, 0)
+    chans, _ = _packed(x, w, s, p, d, g, 1)
+    r = torch.randn(out, generator=gen)
+    ref = _reference(x, w, b, r, s, p, d, g, True)
+    for pc in (rows, chans):
+        y = pc.run(x, b, r, True)
+        err = (y.double() - ref).abs().max() / ref.abs().max()
+        assert err < 1e-5, (case, pc.layout, float(err))
+    x[0, 0, 0, 0] = float("nan")
+    assert torch.equal(rows.run(x, b).isnan(), chans.run(x, b).isnan())
+
+
+def test_channel_tiles_routing():
+    """Which geometries get the channel-tile candidate: float32, maps up to 28 x 28, at
+    least 16 output channels per group."""
+    def geom(c, h, m, group=1, k=3):
+        g, _ = conv_geometry("Conv", torch.empty(1, c, h, h, device="meta"),
+                             torch.empty(m, c // group, k, k, device="meta"),
+                             pads=[k // 2] * 4, group=group)
+        return infer_geometry(g)
+    assert conv_infer.channel_tiles(geom(64, 7, 64), torch.float32)
+    assert conv_infer.channel_tiles(geom(64, 28, 16), torch.float32)
+    assert not conv_infer.channel_tiles(geom(64, 29, 64), torch.float32)
+    assert not conv_infer.channel_tiles(geom(64, 56, 64), torch.float32)
+    assert not conv_infer.channel_tiles(geom(64, 7, 64), torch.float64)
+    assert not conv_infer.channel_tiles(geom(64, 7, 8), torch.float32)
+    assert not conv_infer.channel_tiles(geom(64, 7, 64, group=8), torch.float32)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -111,30 +167,31 @@ def test_bad_geometry_is_an_error_not_a_crash():
 # ---- through the executor ---------------------------------------------------------------
 
 
-def _conv_graph(dtype, kind):
-    """x -> Conv(3x3) [+ residual Add] + Relu, or two Convs + Relu into a channel Concat."""
+def _conv_graph(dtype, kind, m=6):
+    """x -> Conv(3x3) [+ residual Add] + Relu, or two Convs + Relu into a channel Concat;
+    ``m`` output channels per Conv."""
     elem = TP.FLOAT if dtype == torch.float32 else TP.DOUBLE
     rng = np.random.default_rng(1)
     npd = np.float32 if dtype == torch.float32 else np.float64
-    w = numpy_helper.from_array(rng.standard_normal((6, 5, 3, 3)).astype(npd), "w")
-    b = numpy_helper.from_array(rng.standard_normal(6).astype(npd), "b")
-    w1 = numpy_helper.from_array(rng.standard_normal((6, 5, 1, 1)).astype(npd), "w1")
+    w = numpy_helper.from_array(rng.standard_normal((m, 5, 3, 3)).astype(npd), "w")
+    b = numpy_helper.from_array(rng.standard_normal(m).astype(npd), "b")
+    w1 = numpy_helper.from_array(rng.standard_normal((m, 5, 1, 1)).astype(npd), "w1")
     inits = [w, b, w1]
     conv = helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1])
     if kind == "relu":
         nodes = [conv, helper.make_node("Relu", ["c"], ["y"])]
-        out = [1, 6, 9, 9]
+        out = [1, m, 9, 9]
     elif kind == "residual":
         nodes = [helper.make_node("Conv", ["x", "w1", "b"], ["skip"]), conv,
                  helper.make_node("Add", ["c", "skip"], ["s"]),
                  helper.make_node("Relu", ["s"], ["y"])]
-        out = [1, 6, 9, 9]
+        out = [1, m, 9, 9]
     else:
         nodes = [conv, helper.make_node("Relu", ["c"], ["r0"]),
                  helper.make_node("Conv", ["x", "w1", "b"], ["c1"]),
                  helper.make_node("Relu", ["c1"], ["r1"]),
                  helper.make_node("Concat", ["r0", "r1"], ["y"], axis=1)]
-        out = [1, 12, 9, 9]
+        out = [1, 2 * m, 9, 9]
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", elem, [1, 5, 9, 9])],
                           [helper.make_tensor_value_info("y", elem, out)], initializer=inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
@@ -152,10 +209,13 @@ def _graph_reference(kind, x, t):
     return torch.cat([c.relu(), skip.relu()], 1)
 
 
+@pytest.mark.parametrize("channels", [6, 20])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ["relu", "residual", "concat"])
-def test_graph_both_candidates(kind, dtype):
-    m, t = _conv_graph(dtype, kind)
+def test_graph_both_candidates(kind, dtype, channels):
+    """Every candidate of each Conv forced in turn (20 float32 channels on a 9x9 map add
+    channel tiles)."""
+    m, t = _conv_graph(dtype, kind, channels)
     sess = InferenceSession(m)
     x = torch.randn(1, 5, 9, 9, dtype=dtype)
     ref = _graph_reference(kind, x.double(), {k: v.double() for k, v in t.items()})
@@ -165,9 +225,11 @@ def test_graph_both_candidates(kind, dtype):
     choosers = [c for c in choosers if hasattr(c, "force")]
     assert choosers, "no Conv bound to the measured choice"
     assert any("Relu" in f for f in plan.fusions)
-    for name in ("packed", "training"):
+    names = set().union(*(c.candidates for c in choosers))
+    assert ("channels" in names) == (dtype == torch.float32 and channels >= 16)
+    for name in sorted(names):
         for c in choosers:
-            c.force(name)
+            c.force(name if name in c.candidates else "packed")
         y = sess.run(None, {"x": x})[0]
         torch.testing.assert_close(y.double(), ref, rtol=TOL[dtype] * 10, atol=TOL[dtype] * 10)
     # a run with a different input shape takes another plan; a non-contiguous x the
@@ -187,7 +249,7 @@ def test_measured_choice_decides_once_per_signature():
     y = InferenceSession(m).run(None, {"x": x})[0]
     torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5)
     new = {k: v for k, v in conv_infer.decisions().items() if k not in before}
-    assert all(v in ("packed", "training") for v in new.values())
+    assert all(v in ("packed", "channels", "training") for v in new.values())
     # a second session of the same shapes reuses the decisions (no new keys)
     InferenceSession(m).run(None, {"x": x})
     assert set(conv_infer.decisions()) == set(before) | set(new)
