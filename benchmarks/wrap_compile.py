@@ -11,7 +11,11 @@ the process (less sensitive than wall time to other processes' load):
   (``compile_kernels="ours"``), with the wrapper stepping aside
   (``compile_kernels="torch"``: the old behaviour), compiled torch;
 - the recompile count of each compiled side over all its calls;
-- the per-call cost of one custom-op call vs calling our kernel directly (tiny GELU).
+- the per-call cost of one custom-op call vs calling our kernel directly (tiny GELU),
+  and what the custom-op boundary costs inside a compiled graph (the reason GEMMs are
+  not in ``compile_kernels="auto"``);
+- under ``select="fastest"`` the linear and conv ops inside the graph run ours or ATen's
+  per signature, measured on their first call (during the warm-up steps, not timed).
 
 Models: ``mlp`` (Linear-GELU-LayerNorm-Linear-softmax-cross entropy), ``gpt`` (a
 GPT-style pre-LN transformer block with a LM-head cross entropy), ``cnn`` (a ResNet-style
@@ -204,6 +208,36 @@ def per_call_cost(reps: int = 2000) -> None:
     print("\nper-call cost on 8x8 (eager; under compile the graph calls the op the same way)")
     for k, v in res.items():
         print(f"  {k:<36} {min(v) * 1e6:7.1f} us")
+    boundary_cost()
+
+
+def boundary_cost(reps: int = 50) -> None:
+    """What one custom op costs inside a compiled graph: ``F.linear`` fwd+bwd compiled
+    (Inductor calls ATen's addmm/mm directly) against ``ortcpu::linear(pick=True)`` with
+    its side fixed to torch's (the same ATen calls, inside the custom op), 64x256x256."""
+    import ortcpu_torch.ops.library as L
+
+    x, w, b = (torch.randn(*s, requires_grad=True) for s in ((64, 256), (256, 256), (256,)))
+    cases = {"compiled F.linear fwd+bwd": torch.compile(lambda: F.linear(x, w, b).sum()),
+             "compiled ortcpu::linear (ATen side)": torch.compile(
+                 lambda: torch.ops.ortcpu.linear(x, w, b, True).sum())}
+    saved, L._side = L._side, lambda key, ours, theirs: "torch"
+    try:
+        res = {k: [] for k in cases}
+        for _ in range(3):
+            for fn in cases.values():
+                fn().backward()
+        for _ in range(6):
+            for k, fn in cases.items():
+                t = time.process_time()
+                for _ in range(reps):
+                    fn().backward()
+                res[k].append((time.process_time() - t) / reps)
+    finally:
+        L._side = saved
+    print("custom-op boundary inside a compiled graph (64x256x256, fwd+bwd)")
+    for k, v in res.items():
+        print(f"  {k:<36} {statistics.median(v) * 1e6:7.1f} us")
 
 
 def main(argv=None) -> None:

@@ -281,9 +281,9 @@ FAMILIES: dict[str, list] = {
 #: under ``select="fastest"`` (the default) the GEMM-like families' ops choose their side
 #: per signature at run time (``ops.library._side``): Inductor has no code of its own for
 #: a matrix product or a convolution, it calls ATen's, so the eager measurement of ours
-#: against ATen is the comparison that holds inside the graph too. Pointwise and
-#: normalization ops have no such switch: inside a graph torch's side is Inductor's fused
-#: code, which no op-level measurement sees (those families are in or out as a whole).
+#: against ATen is the comparison that holds inside the graph too (the op boundary is
+#: paid either way). Pointwise and normalization ops have no such switch: inside a graph
+#: torch's side is Inductor's fused code, which no op-level measurement sees.
 _PICKING = {F.linear: _linear_adapter(True), F.conv1d: _conv(1, True),
             F.conv2d: _conv(2, True), F.conv3d: _conv(3, True)}
 
@@ -291,10 +291,13 @@ _PICKING = {F.linear: _linear_adapter(True), F.conv1d: _conv(1, True),
 ALL = tuple(FAMILIES)
 #: ``compile_kernels="auto"`` (the default): the families whose ortcpu:: ops measured
 #: faster inside an Inductor graph than Inductor's own code (benchmarks/wrap_compile.py,
-#: AVX2 EPYC): GEMMs and convolution (each signature on the faster of ours and ATen's,
-#: as above), BatchNorm and pooling. GELU, LayerNorm, softmax and cross entropy measured
-#: slower there: Inductor fuses them with their neighbours.
-AUTO = ("linear", "conv", "batch_norm", "pool")
+#: AVX2 EPYC): convolution (each signature on the faster of ours and ATen's, as above),
+#: BatchNorm and pooling. Not GEMMs: a custom op call costs ~0.1-0.4 ms more per
+#: forward+backward than Inductor's direct ATen call (torch.library's Python dispatch,
+#: measured on tiny to 64x256x256 shapes), more than our GEMM saves at the sizes
+#: measured (MLP 64x256: 0.80x with ``linear`` in, 0.90x without); nor GELU, LayerNorm,
+#: softmax or cross entropy, which Inductor fuses with their neighbours.
+AUTO = ("conv", "batch_norm", "pool")
 COMPILE_CHOICES = ("auto", "ours", "torch")
 
 
