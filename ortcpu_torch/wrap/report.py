@@ -240,7 +240,9 @@ def _compiled(state) -> dict:
     if routed:
         line = ("under torch.compile: the " + ", ".join(state.compile_kernels) + " calls ("
                 + ", ".join(routed[:4]) + ", ...; swapped modules included) run as ortcpu:: "
-                "ops in the compiled graph, forward and backward kernels ours; everything "
+                "ops in the compiled graph (under select='fastest' their linear and conv ops run "
+                "ours or ATen's kernel per input signature, timed on the first call; "
+                "ours always under select='ours'); everything "
                 "else in it is torch's (Inductor); "
                 "ortcpu:: ops traced into compiled graphs so far in this process: "
                 + (", ".join(traced) or "none") + "; calls in compiled graphs are not "

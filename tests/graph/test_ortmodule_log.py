@@ -55,7 +55,10 @@ def test_loss_grad_norm_and_histograms_every_n_steps(tmp_path):
             assert h.num == g.numel()
             assert h.min == pytest.approx(float(g.min()), abs=1e-6)
             assert h.max == pytest.approx(float(g.max()), abs=1e-6)
-            assert h.sum == pytest.approx(float(g.double().sum()), rel=1e-3, abs=1e-6)
+            # the sum can cancel to ~0 (BN makes some gradients sum to zero): bound its error
+            # by the float32 rounding of the elements, not by the sum itself
+            err = 1e-5 * float(g.double().abs().sum()) + 1e-6
+            assert h.sum == pytest.approx(float(g.double().sum()), rel=1e-3, abs=err)
             assert sum(h.bucket) == g.numel()
 
 
