@@ -29,6 +29,18 @@ def set_threads(n: int) -> None:
     ortcpu_torch.set_num_threads(n)
 
 
+def layer_clock(threads: int, wall: bool):
+    """Set the thread count and pick the clock of a per-layer benchmark: CPU time of this
+    thread (the default, so only one thread) or wall clock. Returns (clock, header)."""
+    if not wall and threads != 1:
+        raise SystemExit("CPU time (the default) measures one thread: use --threads 1 or "
+                         "--wall")
+    set_threads(threads)
+    clock = time.perf_counter if wall else time.thread_time
+    return clock, (f"{isa_line().rstrip('.')}; {threads} thread(s), "
+                   f"{'wall clock' if wall else 'CPU time'}")
+
+
 def timed(fn, reps: int, warmup: int = 2) -> list[float]:
     """Seconds of each of ``reps`` calls of ``fn`` after ``warmup`` untimed calls."""
     for _ in range(warmup):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import time
 import warnings
 
 import torch
@@ -24,7 +23,7 @@ import torch
 import ortcpu_torch
 
 from . import models as M
-from ._util import ForeignLoad, isa_line, set_threads
+from ._util import ForeignLoad, layer_clock
 
 CNNS = ("resnet", "mobilenet_v3", "convnext")
 KINDS = ("Conv2d", "BatchNorm2d")
@@ -90,14 +89,9 @@ def main(argv=None) -> None:
     bad = [n for n in names if n not in CNNS]
     if bad:
         raise SystemExit(f"unknown model(s) {bad}; choose from {', '.join(CNNS)}")
-    if not args.wall and args.threads != 1:
-        raise SystemExit("CPU time (the default) measures one thread: use --threads 1 or "
-                         "--wall")
-    set_threads(args.threads)
-    clock = time.perf_counter if args.wall else time.thread_time
+    clock, header = layer_clock(args.threads, args.wall)
     load = ForeignLoad()
-    print(f"{isa_line().rstrip('.')}; {args.threads} thread(s), "
-          f"{'wall clock' if args.wall else 'CPU time'}, best of {args.blocks} blocks")
+    print(f"{header}, best of {args.blocks} blocks")
     for name in names:
         print(f"\n{name}: {'torch ms':>8} {'ours ms':>8}  ratio  layer")
         tot_t = tot_o = 0.0

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import statistics as st
-import time
 import warnings
 
 import torch
@@ -28,7 +27,7 @@ import torch.nn.functional as F
 
 from ortcpu_torch.kernels import conv as K
 
-from ._util import ForeignLoad, isa_line, set_threads
+from ._util import ForeignLoad, layer_clock
 
 LAYERS = [  # name, n, c, m, map side (3x3, padding 1)
     ("digits conv1 N64 1->32 8x8", 64, 1, 32, 8),
@@ -104,14 +103,9 @@ def main(argv=None) -> None:
     p.add_argument("--steps-rounds", type=int, default=16)
     p.add_argument("--wall", action="store_true")
     args = p.parse_args(argv)
-    if not args.wall and args.threads != 1:
-        raise SystemExit("CPU time (the default) measures one thread: use --threads 1 or "
-                         "--wall")
-    set_threads(args.threads)
-    clock = time.perf_counter if args.wall else time.thread_time
+    clock, header = layer_clock(args.threads, args.wall)
     load = ForeignLoad()
-    print(f"{isa_line().rstrip('.')}; {args.threads} thread(s), "
-          f"{'wall clock' if args.wall else 'CPU time'}")
+    print(header)
     print("\nlayer fwd+bwd, us (min / median)      " + "".join(f"{k:>20}" for k in
                                                               (*ALGOS, "torch")))
     for name, n, c, m, h in LAYERS:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import ortcpu_torch
 from ortcpu_torch.kernels import conv as KC
 
-from .test_conv_small_map import CASES, STRIDED
+from .test_conv_small_map import CASES, STRIDED, float64_case
 
 TAILS = [  # n, c, m, h, w, kernel, strides, pads [top, left, bottom, right], groups
     (64, 32, 64, 4, 4, (3, 3), (1, 1), [1, 1, 1, 1], 1),   # digits' second conv
@@ -59,13 +59,8 @@ def _pointwise(case):
 @pytest.mark.parametrize("case", [c for c in ALL if not _pointwise(c)])
 def test_packed_float64_vs_torch(case, threads):
     ortcpu_torch.set_num_threads(threads)
-    n, c, m, h, w, k, strides, pads, groups = case
-    x = torch.randn(n, c, h, w, dtype=torch.float64)
-    wt = torch.randn(m, c // groups, *k, dtype=torch.float64)
-    b = torch.randn(m, dtype=torch.float64)
-    yref = F.conv2d(F.pad(x, (pads[1], pads[3], pads[0], pads[2])), wt, b, stride=strides,
-                    groups=groups)
-    g = torch.randn_like(yref)
+    x, wt, b, g = float64_case(case)
+    _, _, _, _, _, _, strides, pads, groups = case
     want = _ref(x, wt, b, strides, pads, groups, g)
     for algo in ("packed", "auto"):
         got = _run(x, wt, b, strides, pads, groups, g, algo)

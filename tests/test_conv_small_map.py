@@ -131,17 +131,23 @@ def _strided_ref(x, w, b, strides, pads, groups, g):
     return y.detach(), xr.grad, wr.grad, br.grad
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("case", STRIDED)
-def test_small_map_strided_float64_vs_torch(case, threads):
-    ortcpu_torch.set_num_threads(threads)
+def float64_case(case):
+    """Random float64 input, weight, bias and output gradient for a case tuple."""
     n, c, m, h, w, k, strides, pads, groups = case
     x = torch.randn(n, c, h, w, dtype=torch.float64)
     wt = torch.randn(m, c // groups, *k, dtype=torch.float64)
     b = torch.randn(m, dtype=torch.float64)
     yref = F.conv2d(F.pad(x, (pads[1], pads[3], pads[0], pads[2])), wt, b, stride=strides,
                     groups=groups)
-    g = torch.randn_like(yref)
+    return x, wt, b, torch.randn_like(yref)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", STRIDED)
+def test_small_map_strided_float64_vs_torch(case, threads):
+    ortcpu_torch.set_num_threads(threads)
+    x, wt, b, g = float64_case(case)
+    _, _, _, _, _, _, strides, pads, groups = case
     want = _strided_ref(x, wt, b, strides, pads, groups, g)
     for algo in ("small_map", "auto", "im2col"):
         y = KC.conv_forward("Conv", x, wt, b, pads=pads, strides=list(strides), group=groups,
