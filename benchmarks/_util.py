@@ -213,15 +213,30 @@ def wait_quiet(max_seconds: float, busy_limit: float = 0.03, window: int = 5) ->
     return False
 
 
+def machine_kind() -> str | None:
+    """``"avx512"`` or ``"avx2"``: the kind of machine this is (its CPU's best ISA), or
+    None where the numbers stand for neither kind (an ORTCPU_ISA cap, a baseline CPU)."""
+    if loader.CAP is not None or loader.CPU_ISA not in ("avx512", "avx2"):
+        return None
+    return loader.CPU_ISA
+
+
 def write_results(stem: str, result: dict, markdown_text: str) -> None:
-    """benchmarks/results/<stem>.json and <stem>.md (the README includes the .md)."""
+    """benchmarks/results/<stem>.json and <stem>.md, plus <stem>.<kind>.md for this machine
+    kind (``machine_kind()``): the README shows the latest table of each kind, since speed
+    ratios on AVX-512 and AVX2-only machines differ and neither stands for the other."""
     os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, stem + ".json"), "w") as f:
         json.dump(result, f, indent=1)
         f.write("\n")
-    with open(os.path.join(RESULTS, stem + ".md"), "w") as f:
-        f.write(markdown_text)
-    print(f"\nwrote benchmarks/results/{stem}.json and {stem}.md")
+    names = [stem + ".md"]
+    kind = machine_kind()
+    if kind is not None:
+        names.append(f"{stem}.{kind}.md")
+    for name in names:
+        with open(os.path.join(RESULTS, name), "w") as f:
+            f.write(markdown_text)
+    print(f"\nwrote benchmarks/results/{stem}.json and {', '.join(names)}")
 
 
 

@@ -40,8 +40,23 @@ BENCH_SECTIONS = {
 }
 
 
+#: machine kinds whose latest results sit beside the plain file as <stem>.<kind>.md
+#: (benchmarks._util.write_results), shown one after the other
+MACHINE_KINDS = {
+    "avx512": "AVX-512 machine (AMD EPYC Zen 4/5)",
+    "avx2": "AVX2-only machine (AMD EPYC Zen 3)",
+}
+
+
 def bench_table(filename: str, command: str) -> str:
-    path = ROOT / "benchmarks" / "results" / filename
+    results = ROOT / "benchmarks" / "results"
+    stem = filename.removesuffix(".md")
+    per_kind = [(label, results / f"{stem}.{kind}.md") for kind, label in MACHINE_KINDS.items()]
+    per_kind = [(label, path) for label, path in per_kind if path.exists()]
+    if per_kind:
+        return "\n\n".join(f"**{label}** (`benchmarks/results/{path.name}`):\n\n"
+                           f"{path.read_text().strip()}" for label, path in per_kind)
+    path = results / filename
     if not path.exists():
         return f"_No results yet: run `{command}`._"
     return path.read_text().strip()
