@@ -8,6 +8,7 @@ import copy
 
 import numpy as np
 import onnx
+import pytest
 import torch
 from onnx import helper as h
 
@@ -84,3 +85,59 @@ def test_buffers_written_back_in_place_like_eager_over_steps():
         torch.testing.assert_close(p.grad, r.grad, rtol=1e-6, atol=1e-9, msg=n)
     (entry,) = ours._cache.values()
     assert len(entry.forward._plans) == 1 and len(entry.backward._plans) == 1
+
+
+def _bn_internal_model(mean, var, dt):
+    """BatchNormInternal(x, scale, bias, mean, var), momentum 0, mean / var initializers."""
+    t = {torch.float32: onnx.TensorProto.FLOAT, torch.float64: onnx.TensorProto.DOUBLE}[dt]
+    inits = [onnx.numpy_helper.from_array(v.numpy(), n) for n, v in (("m", mean), ("v", var))]
+    node = h.make_node("BatchNormInternal", ["x", "s", "b", "m", "v"],
+                       ["y", "rm", "rv", "sm", "si"], domain="com.microsoft", momentum=0.0,
+                       epsilon=1e-5, training_mode=1)
+    c = mean.shape[0]
+    g = h.make_graph([node], "g", [h.make_tensor_value_info("x", t, [4, c, 3, 2]),
+                                   h.make_tensor_value_info("s", t, [c]),
+                                   h.make_tensor_value_info("b", t, [c])],
+                     [h.make_empty_tensor_value_info(o) for o in ("y", "rm", "rv", "sm", "si")],
+                     inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17),
+                                          h.make_opsetid("com.microsoft", 1)])
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.float64])
+@pytest.mark.parametrize("fill", [-1000.5, float("nan"), float("inf")],
+                         ids=["finite", "nan", "inf"])
+def test_bn_internal_momentum_0_running_outputs(dt, fill, monkeypatch):
+    """Momentum 0 with finite constant running inputs (capture's placeholders): the running
+    outputs are the batch statistics themselves (no update ops); a non-finite
+    constant still gets ORT's ``0·input + batch`` (NaN)."""
+    from ortcpu_torch import kernels
+    from ortcpu_torch.kernels import batchnorm
+
+    calls = []
+    orig = batchnorm._running
+    monkeypatch.setattr(batchnorm, "_running", lambda *a: calls.append(1) or orig(*a))
+    c = 3
+    mean, var = torch.full((c,), fill, dtype=dt), torch.full((c,), -fill, dtype=dt)
+    x = torch.randn(4, c, 3, 2, dtype=dt)
+    s, b = torch.rand(c, dtype=dt) + 0.5, torch.randn(c, dtype=dt)
+    got = Executor(_bn_internal_model(mean, var, dt), check=False).run({"x": x, "s": s, "b": b})
+    assert len(calls) == (0 if fill == -1000.5 else 1)
+    want = kernels.BatchNormInternal(x, s, b, mean, var, momentum=0.0, training_mode=1)
+    for name, w in zip(("y", "rm", "rv", "sm", "si"), want, strict=True):
+        torch.testing.assert_close(got[name], w, rtol=1e-12 if dt == torch.float64 else 1e-6,
+                                   atol=1e-12, equal_nan=True, msg=name)
+    assert bool(torch.isfinite(got["rm"]).all()) == (fill == -1000.5)
+    if fill == -1000.5:
+        torch.testing.assert_close(got["rm"], got["sm"], rtol=0, atol=0)
+
+
+def test_captured_batchnorm_skips_the_running_update_ops(monkeypatch):
+    """An ORTModule BatchNorm step runs no ``_running`` ops (the placeholders are finite
+    constants with momentum 0) and still tracks torch's running statistics."""
+    from ortcpu_torch.kernels import batchnorm
+
+    def fail(*a):
+        raise AssertionError("_running called")
+    monkeypatch.setattr(batchnorm, "_running", fail)
+    test_buffers_written_back_in_place_like_eager_over_steps()
