@@ -105,6 +105,10 @@ class Executor:
         self._spec = {s.name: s for s in self.inputs}
         # initializers listed as inputs are defaults a feed may override (not constants)
         self.defaults = {n: init[n] for n in input_names if n in init}
+        # (position, initializer) of each default: a plan key records which were left to
+        # their initializer (constants of that plan) rather than fed
+        self._default_pos = [(k, self.defaults[n]) for k, n in enumerate(input_names)
+                             if n in self.defaults]
         self.constants = {n: t for n, t in init.items() if n not in self.defaults}
         self.input_names = input_names
         self.output_names = [o.name for o in g.output]
@@ -125,10 +129,11 @@ class Executor:
 
     def plan_for(self, values: list) -> Plan:
         """The plan for these positional graph-input values (built and cached on first use)."""
-        key = tuple(_sig(v) for v in values)
-        if self.defaults:  # which defaults were left to their initializer (constants then)
-            key += (tuple(v is self.defaults.get(n) for n, v in zip(self.input_names, values,
-                                                                   strict=True)),)
+        # computed on every run of ORTModule's forward and backward: kept to one pass of
+        # C-level map over the values plus the default positions only
+        key = tuple(map(_sig, values))
+        if self._default_pos:  # which defaults were left to their initializer
+            key += (tuple(values[k] is d for k, d in self._default_pos),)
         plan = self._plans.get(key)
         if plan is None:
             plan = self._build(values, key)
@@ -224,8 +229,8 @@ def to_torch(name, v):
 
 
 def _sig(v):
-    if isinstance(v, torch.Tensor):
-        return (v.dtype, tuple(v.shape))
+    if type(v) is torch.Tensor or isinstance(v, torch.Tensor):  # (the common case first)
+        return (v.dtype, v.shape)
     if isinstance(v, (list, tuple)):
         return ("seq", tuple(_sig(x) for x in v))
     return (type(v),)

@@ -32,9 +32,12 @@ def _matmul(ctx, node, dy, needs):
             db = ctx.named(ctx.op("Gemm", a, g, transA=1, hint=f"{b}_grad"), b)
         return [da, db]
     out_shape = ctx.values.shape(node.output[0])
+    # dY's rows, flattened once for both products when B is a matrix (each graph node costs
+    # a call per step, ~10 us after a large GEMM has evicted the interpreter's data)
+    rows_g = ctx.op("Flatten", g, axis=ra - 1) if rb == 2 and any(needs) else None
     if needs[0]:
         if rb == 2:  # [..., N] x Bᵀ as one GEMM over the flattened rows: no copy of B
-            rows = ctx.op("Gemm", ctx.op("Flatten", g, axis=ra - 1), b, transB=1)
+            rows = ctx.op("Gemm", rows_g, b, transB=1)
             da = ctx.named(ctx.op("Reshape", rows, ctx.shape_of(a), hint=f"{a}_grad"), a)
         else:
             prod = ctx.op("MatMul", g, _swap_last2(ctx, b, rb))
@@ -42,7 +45,6 @@ def _matmul(ctx, node, dy, needs):
     if needs[1]:
         if rb == 2:  # a weight shared over the batch dims: one GEMM over the flattened rows
             rows_a = ctx.op("Flatten", a, axis=ra - 1)
-            rows_g = ctx.op("Flatten", g, axis=ra - 1)
             db = ctx.named(ctx.op("Gemm", rows_a, rows_g, transA=1, hint=f"{b}_grad"), b)
         else:
             prod = ctx.op("MatMul", _swap_last2(ctx, a, ra), g)

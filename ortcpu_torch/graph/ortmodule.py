@@ -237,8 +237,9 @@ class _Entry:
     def write_buffers(self, outs: tuple) -> None:
         """New BatchNorm statistics (and any other mutated buffer) into the module, in
         place."""
-        for (d, key), k in self.out_buffers:
-            d[key].copy_(outs[k])
+        if self.out_buffers:  # one foreach call (dtype-converting, broadcasting like copy_)
+            torch._foreach_copy_([d[key] for (d, key), _ in self.out_buffers],
+                                 [outs[k] for _, k in self.out_buffers])
 
     def backward_values(self, vals: list, outs: tuple) -> list:
         """The backward executor's inputs known after the forward (seeds left None); taken

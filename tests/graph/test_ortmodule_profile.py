@@ -36,6 +36,8 @@ GLUE = {
     "detach", "detach_", "alias", "lift_fresh", "contiguous", "clone", "copy_", "resize_",
     "resolve_conj", "resolve_neg", "to", "_to_copy", "unbind", "split", "split_with_sizes",
     "chunk", "cat", "stack",
+    # buffer write-back after the forward (ORTModule._Entry.write_buffers)
+    "_foreach_copy_",
     # dropout masks from torch's generator
     "bernoulli_", "div_",
     # index / label checks in the kernels

@@ -374,6 +374,24 @@ class GeluPool(nn.Module):
         return loss, y
 
 
+def _with_gelu_pool_pass(monkeypatch):
+    """The opt-in GELU + 2x2 pool pass inserted after the MaxPool 2x2 pass it builds on."""
+    passes = list(training_fusions.PASSES)
+    passes.insert(passes.index(training_fusions._maxpool_2x2) + 1,
+                  training_fusions.OPTIONAL_PASSES["gelu_maxpool_2x2"])
+    monkeypatch.setattr(training_fusions, "PASSES", passes)
+
+
+def test_gelu_maxpool_2x2_is_off_by_default(monkeypatch):
+    """Measured slower than Gelu + MaxPool2x2Train (module docstring): not a default pass;
+    the pool alone is still rewritten."""
+    assert training_fusions.OPTIONAL_PASSES["gelu_maxpool_2x2"] not in training_fusions.PASSES
+    x = torch.randn(2, 2, 6, 8, requires_grad=True)
+    done = check_fused_matches_unfused(GeluPool, [x], torch.float64, monkeypatch)
+    assert "MaxPool 2x2 + MaxPoolGrad -> MaxPool2x2Train + MaxPool2x2TrainGrad" in done
+    assert not any("GeluMaxPool2x2Train" in d for d in done)
+
+
 @pytest.mark.parametrize(("hw", "approximate", "dtype"), [
     ((6, 8), "none", torch.float64), ((6, 8), "none", torch.float32),
     ((7, 5), "tanh", torch.float64), ((2, 3), "none", torch.float32)],
@@ -382,6 +400,7 @@ def test_gelu_maxpool_2x2(hw, approximate, dtype, monkeypatch, tmp_path):
     """GELU feeding only a 2x2 pool runs as one forward (the GELU output never stored) and
     one backward (the slope at the maxima only); odd maps leave the last row / column out
     of every window, their gradient 0."""
+    _with_gelu_pool_pass(monkeypatch)
     x = torch.randn(2, 2, *hw, requires_grad=True)
     done = check_fused_matches_unfused(lambda: GeluPool(approximate), [x], dtype,
                                        monkeypatch, tmp_path)
@@ -391,12 +410,14 @@ def test_gelu_maxpool_2x2(hw, approximate, dtype, monkeypatch, tmp_path):
 
 
 def test_gelu_maxpool_2x2_wide_map_fuses_the_backward_only(monkeypatch):
+    _with_gelu_pool_pass(monkeypatch)
     x = torch.randn(1, 2, 4, 18, requires_grad=True)
     done = check_fused_matches_unfused(GeluPool, [x], torch.float64, monkeypatch)
     assert "MaxPool2x2TrainGrad + GeluGrad -> GeluMaxPool2x2TrainGrad" in done
 
 
 def test_gelu_read_elsewhere_is_not_fused_with_its_pool(monkeypatch):
+    _with_gelu_pool_pass(monkeypatch)
     x = torch.randn(2, 2, 4, 4, requires_grad=True)
     done = check_fused_matches_unfused(lambda: GeluPool(shared=True), [x], torch.float64,
                                        monkeypatch)
