@@ -122,6 +122,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--wall", action="store_true", help="wall time instead of CPU time")
     args = ap.parse_args()
+    conv_infer.keep_candidates(True)  # every candidate timed after the plan's choice
     set_threads(args.threads)
     clock = time.perf_counter if args.wall else time.thread_time
     ort_clock = time.perf_counter if args.wall else time.process_time

@@ -40,10 +40,17 @@ enum { G_N, G_C, G_H, G_W, G_M, G_GROUP, G_KH, G_KW, G_OH, G_OW, G_SH, G_SW, G_P
        G_DH, G_DW, G_LAYOUT, CI_GEOM_LEN };
 
 #define CI_MR 6
+/* vector width in bytes of the hot loops: 512-bit at x86-64-v4 (AVX-512 cores with full
+ * width units run twice the multiply-adds per instruction), else 256-bit */
+#if defined(__x86_64__) && defined(__GNUC__) && ORT_ISA_LEVEL >= 2
+#define CI_VB 64
+#else
+#define CI_VB 32
+#endif
 /* output channels per group up to which row tiles read their taps in place */
 #define CI_IN_PLACE_MAX_M 64
-/* channel tiles (layout 1, float32): CI_CW output channels x CI_PR positions */
-#define CI_CW 16
+/* channel tiles (layout 1, float32): CI_CW output channels (2 vectors) x CI_PR positions */
+#define CI_CW (2 * CI_VB / 4)
 #define CI_PR 6
 /* bytes of one position block's input columns (K x block elements) kept near L2 */
 #define CI_BLOCK_BYTES (160 * 1024)

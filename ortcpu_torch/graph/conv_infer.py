@@ -33,6 +33,8 @@ if _MODE[0] not in MODES:
     raise ValueError(f"ORTCPU_GRAPH_CONV must be one of {MODES}, got {_MODE[0]!r}")
 #: timing rounds per candidate (alternating), after one warm-up call each
 ROUNDS = 3
+#: whether measured choices keep their losing candidates (``keep_candidates``)
+_KEEP = [False]
 #: a round repeats a call until it has run at least this long (the clock resolves it)
 MIN_ROUND_S = 2e-4
 
@@ -107,22 +109,44 @@ def get_mode() -> str:
     return _MODE[0]
 
 
+def keep_candidates(keep: bool) -> None:
+    """``True``: Convs bound from now on keep every candidate after their measured choice
+    (benchmarks force each in turn); by default (``False``) the choice drops the others and
+    with them their packed weights (small maps pack both tile layouts: resnet50's 14x14 and
+    7x7 stages hold most of its weights)."""
+    _KEEP[0] = bool(keep)
+
+
 def measured_choice(key: tuple, candidates: dict):
     """A callable running the faster of ``candidates`` (name -> callable, same signature,
-    no side effects beyond their output), timed on the first call's arguments."""
-    chosen = [candidates[_DECIDED[key]]] if key in _DECIDED and _MODE[0] == "auto" else []
+    no side effects beyond their output), timed on the first call's arguments (or decided
+    earlier for ``key`` in this process); a measured choice then drops the other
+    candidates (``keep_candidates``). A mode other than "auto" picks by name and keeps
+    them all."""
+    chosen: list = []
+    keep = _KEEP[0]
 
     def run(*args):
         if not chosen:
             mode = _MODE[0]
-            if mode == "channels" and mode not in candidates:
-                mode = "packed"
-            chosen.append(candidates[mode if mode in candidates else
-                                     _pick(key, candidates, args)])
+            if mode == "auto":
+                name = _DECIDED.get(key) or _pick(key, candidates, args)
+                chosen.append(candidates[name])
+                if not keep:
+                    for other in [o for o in candidates if o != name]:
+                        del candidates[other]
+            else:
+                if mode == "channels" and mode not in candidates:
+                    mode = "packed"
+                chosen.append(candidates[mode if mode in candidates else
+                                         _pick(key, candidates, args)])
         return chosen[0](*args)
 
     def force(name):
-        """Run ``candidates[name]`` from now on (benchmarks compare the two)."""
+        """Run ``candidates[name]`` from now on (benchmarks compare them)."""
+        if name not in candidates:
+            raise KeyError(f"conv candidate {name!r} is not kept (have {sorted(candidates)}); "
+                           "call conv_infer.keep_candidates(True) before the plan is bound")
         chosen[:] = [candidates[name]]
     run.__name__ = run.__qualname__ = "measured_choice"
     run.candidates = candidates
@@ -175,13 +199,12 @@ def bind_static_conv(generic, w_const, geom, out_shape, xs, bs, dt, steps, into_
     packed = PackedConv(w_const, g16, out_shape)
     chan = PackedConv(w_const, g16, out_shape, 1) if channel_tiles(g16, dt) else None
     relu, add = "relu" in steps, "add" in steps
-    ws = w_const.shape
+    ws, y_shape = w_const.shape, packed.out_shape
 
     def fits(x, w, b, r=None):
         return w is w_const and x.dtype == dt and x.shape == xs and x.is_contiguous() and \
             (b is None or (b.dtype == dt and b.shape == bs and b.is_contiguous())) and \
-            (r is None or (r.dtype == dt and r.shape == packed.out_shape and
-                           r.is_contiguous()))
+            (r is None or (r.dtype == dt and r.shape == y_shape and r.is_contiguous()))
 
     def slow(x, w, b, r=None, out=None):  # the generic binding + torch epilogue
         y = generic(x, w, b, out=out) if out is not None else generic(x, w, b)
@@ -223,6 +246,4 @@ def bind_static_conv(generic, w_const, geom, out_shape, xs, bs, dt, steps, into_
     cands = {"packed": native(packed), "training": gen}
     if chan is not None:
         cands["channels"] = native(chan)
-    fn = measured_choice(key, cands)
-    fn.keep = (packed, chan)
-    return fn
+    return measured_choice(key, cands)

@@ -512,13 +512,50 @@ def _avgpool(ctx):
         return generic
     if cip not in (0, 2):
         return generic
+    shape = ctx.input_shapes[0] if ctx.input_shapes else None
+    if shape is not None and len(shape) >= 3 and list(kw.get("kernel_shape") or []) == \
+            list(shape[2:]) and not any(kw.get("pads") or []) and \
+            kw.get("auto_pad", "NOTSET") in ("NOTSET", "VALID", b"NOTSET", b"VALID"):
+        # one unpadded window over the whole map (resnet50's 7x7 head): a global average
+        whole = _global_static(ctx, 0, generic)
+        if whole is not None:
+            return whole
     return _pool_static(ctx, generic, "avgpool_forward", kw,
                         lambda f, x, y, g, nt: f(ptr(x), ptr(y), g, cip, 0, nt)) or generic
 
 
-for _name in ("GlobalAveragePool", "GlobalMaxPool"):
-    kernel_op(_name)(lambda ctx, _n=_name: _float_or(bind_kernel(_n, ctx), _not_supported(_n),
-                                                     ctx))
+def _global_static(ctx, kind, generic):
+    """Average (``kind`` 0) / max (1) over all of X's spatial dims, the native global pool
+    called directly for a float X of a static shape known at plan time (the registry's
+    per-call checks cost more than a [1, 1000, 13, 13] pool); other run-time inputs take
+    ``generic``. None when the plan cannot know."""
+    dt = ctx.dtype(0)
+    shape = ctx.input_shapes[0] if ctx.input_shapes else None
+    if dt not in FLOATS or shape is None or len(shape) < 3 or \
+            not all(isinstance(d, int) for d in shape) or math.prod(shape[2:]) < 1:
+        return None
+    xs, out_shape = torch.Size(shape), (shape[0], shape[1], *[1] * (len(shape) - 2))
+    planes, size = shape[0] * shape[1], math.prod(shape[2:])
+    fn, op_name = native_fn("global_pool_forward", dt), ctx.node.op_type
+
+    def global_pool(x):
+        if x.dtype != dt or x.shape != xs or not x.is_contiguous():
+            return generic(x)
+        y = empty(out_shape, dt)
+        check_status(fn(ptr(x), ptr(y), planes, size, kind, get_num_threads()), op_name)
+        return y
+    return global_pool
+
+
+def _global_pool(name, kind):
+    def factory(ctx):
+        generic = _float_or(bind_kernel(name, ctx), _not_supported(name), ctx)
+        return _global_static(ctx, kind, generic) or generic
+    return factory
+
+
+for _kind, _name in enumerate(("GlobalAveragePool", "GlobalMaxPool")):
+    kernel_op(_name)(_global_pool(_name, _kind))
 
 
 # ---- normalisation ---------------------------------------------------------------------------

@@ -255,3 +255,54 @@ def test_measured_choice_decides_once_per_signature():
     assert set(conv_infer.decisions()) == set(before) | set(new)
     with pytest.raises(ValueError, match="mode must be one of"):
         conv_infer.set_mode("fastest")
+
+
+@pytest.mark.parametrize("case", SMALL_MAPS[:4])
+@pytest.mark.parametrize("layout", [0, 1])
+def test_fused_relu_is_relu_of_the_plain_output(case, layout):
+    """The epilogue's ReLU (vector stores and the branch-free scalar stores of tails and
+    channel tiles) is exactly max(v, 0) on the same sums: negatives to +0, NaN kept,
+    -0.0 kept; random signs (a data-dependent branch there once ran 1.8x slower)."""
+    n, c, h, wd, m, k, s, p, d, g = case
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(n, c, h, wd, generator=gen)
+    x[0, 0, 0, 0] = float("nan")
+    w = torch.randn(m, c // g, *k, generator=gen)
+    b = torch.randn(m, generator=gen)
+    b[0] = float("-inf")
+    pc, _ = _packed(x, w, s, p, d, g, layout)
+    plain, fused = pc.run(x, b), pc.run(x, b, None, True)
+    want = torch.where(plain < 0, torch.zeros_like(plain), plain)
+    assert torch.equal(fused.isnan(), plain.isnan()) and plain.isnan().any()
+    assert torch.equal(fused.nan_to_num(7.0), want.nan_to_num(7.0))
+    assert torch.equal(fused.signbit(), want.signbit())
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_measured_choice_drops_the_losers(keep):
+    """In "auto" mode the first run keeps only the chosen candidate (and its packed
+    weights); ``keep_candidates(True)`` (benchmarks) keeps them all."""
+    m, t = _conv_graph(torch.float32, "relu", 20)
+    x = torch.randn(1, 5, 9, 9)
+    ref = _graph_reference("relu", x.double(), {k: v.double() for k, v in t.items()})
+    conv_infer.set_mode("auto")  # (the conftest fixture restores "packed")
+    conv_infer.keep_candidates(keep)
+    try:
+        sess = InferenceSession(m)
+        ex = sess.executor
+        plan = ex.plan_for(ex.positional({"x": x}))
+        choosers = [getattr(b.fn, "choice", b.fn) for b in plan.bound
+                    if b.node.op_type == "Conv"]
+        choosers = [c for c in choosers if hasattr(c, "force")]
+        assert choosers and all(len(c.candidates) == 3 for c in choosers)
+        y = sess.run(None, {"x": x})[0]
+    finally:
+        conv_infer.keep_candidates(False)
+    torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5)
+    for c in choosers:
+        assert len(c.candidates) == (3 if keep else 1)
+        if not keep:
+            dropped = ({"packed", "channels", "training"} - set(c.candidates)).pop()
+            with pytest.raises(KeyError, match="keep_candidates"):
+                c.force(dropped)
+    torch.testing.assert_close(sess.run(None, {"x": x})[0], y, rtol=0, atol=0)
