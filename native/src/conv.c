@@ -164,6 +164,22 @@ static int conv_pk_use(const conv_geom *q, size_t esz)
            (size_t)(q->mg * q->ck) * esz <= CONV_PK_WEIGHT_BYTES;
 }
 
+/* dW of the packed path as dot products along the output positions (pk_dot_nt in
+ * conv_pk.inc) instead of the BLAS GEMM dY . col^T, on AVX-512 builds where col has at
+ * most CONV_DOT_CK rows (kernel taps x channels): there the GEMM's n is narrower than the
+ * BLAS's tiles. Measured (1 thread, CPU time, N64, dW + dB, AVX-512 EPYC): 1->32 on 28x28
+ * (9 rows) 1.47 -> 0.94 ms, 3->16 on 28x28 (27) 1.6-1.7x; 16->32 on 8x8 (144) 1.0x and
+ * 32->64 (288) 0.1-0.6x, which keep the BLAS; on the AVX2 build (16 registers: the tile
+ * spills) 0.55x. Maps of CONV_DOT_SAMPLE positions and up take one sample at a time
+ * (28x28: 1.25x -> 1.56x faster than the BLAS), smaller ones the batched column block
+ * (8x8: 1.12x; one sample of 64 positions, 0.55x). */
+#define CONV_DOT_CK 32
+#define CONV_DOT_SAMPLE 512
+static int conv_dw_dot(const conv_geom *q, size_t esz)
+{
+    return ORT_ISA_LEVEL >= 2 && q->ck <= CONV_DOT_CK && conv_pk_use(q, esz);
+}
+
 /* ---- depthwise (conv_dw.inc) ---- */
 
 /* Depthwise: one input channel per group (group == C > 1), M = C * multiplier, 2-D or
@@ -295,6 +311,19 @@ static inline int64_t wino_plane(int64_t ch, int64_t ld)
     return ch * ld + 16;
 }
 
+/* Winograd's per-position GEMMs (M = output channels, K = input channels, N = tiles of a
+ * block) on the packed path's register tile (pk_gemm, the transformed kernel packed once
+ * per call) on AVX-512 builds, where the tile is 16 lanes wide against the BLAS's
+ * Haswell kernels (OPENBLAS_CORETYPE; MKL measured no faster): forward and dX 1.1-1.5x
+ * faster over N64 32->64 on 14x14 / 8x8, N16 64->64 on 28x28, N8 128->128 on 14x14, N8
+ * 64->128 on 56x56 (1 thread, CPU time, AVX-512 EPYC). On the AVX2 build the BLAS stays
+ * (the 6x16 tile measured 0.8-1.0x there). The dW GEMMs (dM . V^T, long K) keep the
+ * BLAS: transposing V for the tile cost what it saved (0.93-1.10x). */
+static int wino_use_pk(void)
+{
+    return ORT_ISA_LEVEL >= 2;
+}
+
 /* Which lowering the forward of geom runs (CONV_ALGO_*, never AUTO): the dispatch order
  * of ortcpu_conv_forward_*. */
 int ortcpu_conv_path(const int64_t *geom, int elem_size)
@@ -314,9 +343,9 @@ int ortcpu_conv_path(const int64_t *geom, int elem_size)
 #define T float
 #define SFX f32
 #define ACC double
+#include "conv_pk.inc"
 #include "conv_wino.inc"
 #include "conv_dw.inc"
-#include "conv_pk.inc"
 #include "conv.inc"
 #undef T
 #undef SFX
@@ -325,9 +354,9 @@ int ortcpu_conv_path(const int64_t *geom, int elem_size)
 #define T double
 #define SFX f64
 #define ACC double
+#include "conv_pk.inc"
 #include "conv_wino.inc"
 #include "conv_dw.inc"
-#include "conv_pk.inc"
 #include "conv.inc"
 #undef T
 #undef SFX
