@@ -138,6 +138,20 @@ def test_packed_nan_and_inf():
     assert torch.isnan(dx[0, 0, 2:, 2:]).all() and not torch.isnan(dx[0, 0, :2, :]).any()
 
 
+@pytest.mark.parametrize("side", [24, 6])  # dW dot products per sample / batched
+def test_packed_dw_nan_and_inf(side):
+    x = torch.ones(3, 1, side, side)
+    g = torch.zeros(3, 5, side, side)
+    g[1, 2, 5, 5] = float("nan")
+    g[2, 4, 0, 0] = float("inf")
+    _, dw, db = KC.conv_backward("ConvGrad", g, x, torch.ones(5, 1, 3, 3),
+                                 (False, True, True), pads=[1, 1, 1, 1], algo="packed")
+    assert torch.isnan(dw[2]).all() and torch.isnan(db[2])
+    # the corner window: taps in the image see inf, the padding's zeros make NaN
+    assert torch.isinf(dw[4, 0, 1:, 1:]).all() and torch.isnan(dw[4, 0, 0, :]).all()
+    assert torch.isfinite(dw[[0, 1, 3]]).all() and torch.isfinite(db[[0, 1, 3]]).all()
+
+
 def _path(shape, wshape, dtype=torch.float32, **attrs):
     return KC.conv_path("Conv", torch.empty(shape, dtype=dtype), torch.empty(wshape, dtype=dtype),
                         **attrs)

@@ -31,10 +31,15 @@
  *   N8 32->64 on 4x4, 1 thread, forward 121 -> 71 us, backward 222 -> 147 us; 8x8 maps
  *   1.2-1.6x (measured on the AVX2 EPYC).
  * - Packed (conv_pk.inc), on the small-map geometry with small weights (conv_pk_use;
- *   algorithm 6 forces it): forward and dX per sample as our own register-tile GEMM
+ *   algorithm 6 forces it): forward and dX per sample (or per 2-4 samples side by side
+ *   where one sample's map would leave the last column tile mostly empty: pk_batch) as
+ *   our own register-tile GEMM (6 rows x 2 ymm; 8 rows x 2 zmm on AVX-512 builds)
  *   against the weights (W or W^T) packed once per call, instead of the batched BLAS
  *   GEMM; dW / dB stay on the small-map im2col path, whose batch of column matrices is
- *   capped to stay in L2 (CONV_BATCH_L2).
+ *   capped to stay in L2 (CONV_BATCH_L2), with dW as dot products instead of the BLAS
+ *   GEMM on AVX-512 builds where the column matrix is narrow (conv_dw_dot).
+ *   Winograd's per-position GEMMs of the forward and dX run on the same register tile on
+ *   AVX-512 builds (wino_use_pk).
  *
  * Threads: im2col gives one OpenMP thread per slice of the batch, each with its own
  * column buffer and single-threaded OpenBLAS GEMMs (gemm.h); a batch smaller than the
