@@ -173,7 +173,8 @@ static int conv_pk_use(const conv_geom *q, size_t esz)
  * conv_pk.inc) instead of the BLAS GEMM dY . col^T, on AVX-512 builds where col has at
  * most CONV_DOT_CK rows (kernel taps x channels): there the GEMM's n is narrower than the
  * BLAS's tiles. Measured (1 thread, CPU time, N64, dW + dB, AVX-512 EPYC): 1->32 on 28x28
- * (9 rows) 1.47 -> 0.94 ms, 3->16 on 28x28 (27) 1.6-1.7x; 16->32 on 8x8 (144) 1.0x and
+ * (9 rows) 1.47 -> 0.94 ms (0.45 ms with 4 x 3 tiles and dB summed at the build's width;
+ * torch 0.47), 3->16 on 28x28 (27) 1.6-1.7x; 16->32 on 8x8 (144) 1.0x and
  * 32->64 (288) 0.1-0.6x, which keep the BLAS; on the AVX2 build (16 registers: the tile
  * spills) 0.55x. Maps of CONV_DOT_SAMPLE positions and up take one sample at a time
  * (28x28: 1.25x -> 1.56x faster than the BLAS), smaller ones the batched column block
