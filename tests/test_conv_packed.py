@@ -1,11 +1,13 @@
 """The packed small-map path (native/src/conv_pk.inc: forward and dX on our register-tile
-GEMM against weights packed once per call; dW / dB on the small-map im2col path), forced
-with algo="packed" and chosen by auto on small maps with small weights: forward, dX, dW,
-dB against torch in float64 and float32 over the small-map geometries (pads, strides,
-groups, odd maps), tile tails (output channels not a multiple of the 6-row tile, maps
-not a multiple of the 16 / 8-column tile), batch 0/1/odd, 1 and 2 threads; float64
-gradcheck through the autograd front end; NaN and inf; the routing of auto by shape and
-dtype (kernels.conv.conv_path); a clear error where the geometry does not fit."""
+GEMM against weights packed once per call; dW / dB on the small-map im2col path, dW as
+dot products on AVX-512 builds where col has at most 32 rows), forced with
+algo="packed" and chosen by auto on small maps with small weights: forward, dX, dW, dB
+against torch in float64 and float32 over the small-map geometries (pads, strides,
+groups, odd maps), tile tails (output channels not a multiple of the 6 / 8-row tile, maps
+not a multiple of the 16 / 32-column tile; dW's 4 x 4 dot-product tile), batch 0/1/odd,
+1 and 2 threads; float64 gradcheck through the autograd front end; NaN and inf; the
+routing of auto by shape and dtype (kernels.conv.conv_path); a clear error where the
+geometry does not fit."""
 
 from __future__ import annotations
 
@@ -27,6 +29,15 @@ TAILS = [  # n, c, m, h, w, kernel, strides, pads [top, left, bottom, right], gr
     (5, 6, 12, 2, 9, (1, 3), (1, 1), [0, 1, 0, 1], 3),     # groups of 4 output channels
     (2, 8, 6, 8, 8, (3, 3), (2, 2), [1, 1, 1, 1], 2),      # stride 2 on 8x8
     (1, 2, 5, 28, 28, (3, 3), (1, 1), [1, 1, 1, 1], 1),    # 784 outputs: many tiles
+    # dW as dot products (AVX-512 builds, col of <= 32 rows, conv.c conv_dw_dot): one
+    # sample at a time from 512 outputs, else the batched block; rows of dW (output
+    # channels) and columns (taps x channels) not multiples of the 4 x 4 tile
+    (3, 2, 5, 24, 24, (3, 3), (1, 1), [1, 1, 1, 1], 1),    # 576 outputs, 18 columns
+    (1, 3, 13, 23, 29, (3, 3), (1, 1), [1, 1, 1, 1], 1),   # 667 outputs, 27 columns
+    (7, 1, 9, 6, 10, (3, 3), (1, 1), [1, 1, 1, 1], 1),     # batched, 9 columns
+    (4, 32, 6, 5, 5, (1, 1), (1, 1), [1, 1, 1, 1], 1),     # 32 columns: the limit
+    (2, 11, 7, 6, 6, (3, 1), (1, 1), [1, 0, 1, 0], 1),     # 33 columns: the BLAS
+    (2, 2, 6, 30, 30, (3, 3), (1, 1), [1, 1, 1, 1], 2),    # groups of 3 output channels
 ]
 
 
@@ -99,6 +110,7 @@ def test_packed_float32_vs_torch(case, threads):
     ((2, 3, 4, 5), (7, 3, 3, 3), dict(padding=1)),
     ((1, 4, 8, 8), (6, 2, 3, 3), dict(padding=1, stride=2, groups=2)),
     ((3, 2, 5, 3), (13, 2, 2, 3), dict(padding=(1, 0))),
+    ((1, 1, 23, 23), (3, 1, 3, 3), dict(padding=1)),  # dW per sample (529 outputs)
 ])
 def test_packed_gradcheck_through_autograd(shape, wshape, kw):
     # float64 with these weights is under auto's packed limit: the front end runs the
@@ -124,6 +136,20 @@ def test_packed_nan_and_inf():
     dx, _, _ = KC.conv_backward("ConvGrad", g, torch.ones(1, 1, 4, 4), torch.ones(7, 1, 3, 3),
                                 (True, False, False), pads=[1, 1, 1, 1], algo="packed")
     assert torch.isnan(dx[0, 0, 2:, 2:]).all() and not torch.isnan(dx[0, 0, :2, :]).any()
+
+
+@pytest.mark.parametrize("side", [24, 6])  # dW dot products per sample / batched
+def test_packed_dw_nan_and_inf(side):
+    x = torch.ones(3, 1, side, side)
+    g = torch.zeros(3, 5, side, side)
+    g[1, 2, 5, 5] = float("nan")
+    g[2, 4, 0, 0] = float("inf")
+    _, dw, db = KC.conv_backward("ConvGrad", g, x, torch.ones(5, 1, 3, 3),
+                                 (False, True, True), pads=[1, 1, 1, 1], algo="packed")
+    assert torch.isnan(dw[2]).all() and torch.isnan(db[2])
+    # the corner window: taps in the image see inf, the padding's zeros make NaN
+    assert torch.isinf(dw[4, 0, 1:, 1:]).all() and torch.isnan(dw[4, 0, 0, :]).all()
+    assert torch.isfinite(dw[[0, 1, 3]]).all() and torch.isfinite(db[[0, 1, 3]]).all()
 
 
 def _path(shape, wshape, dtype=torch.float32, **attrs):

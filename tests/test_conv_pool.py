@@ -321,20 +321,19 @@ def test_pool_2x2_fast_path_odd_widths(w):
         _close(xa.grad, xb.grad, torch.float32)
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("shape", [(64, 32, 8, 8), (5, 3, 4, 4), (2, 3, 2, 2), (3, 2, 6, 32),
-                                   (1, 1, 2, 34), (0, 3, 4, 4), (2, 3, 8, 9), (2, 3, 9, 8)])
-@pytest.mark.parametrize("dtype", DT)
-def test_max_pool_2x2_small_maps_exact(shape, dtype, threads):
-    """The short-row 2x2 path (input rows and columns exactly covered by the windows, up
-    to 16 outputs per row; 8x9 / 9x8 / 2x34 take the row path): Y and dX equal torch's
-    bit for bit, ties (first maximum), NaN (it wins) and zero gradients included."""
+def _max_pool_2x2_exact(shape, dtype, threads):
+    """ops.max_pool2d(x, 2) and its dX equal torch's bit for bit: ties (first maximum),
+    NaN (it wins), +-inf and zero gradients included."""
     torch.set_num_threads(threads)
     try:
         x = torch.randn(*shape, dtype=dtype)
         if x.numel():
-            x.view(-1)[::7] = x.view(-1)[1::7][: x.view(-1)[::7].numel()]  # ties
-            x.view(-1)[5::97] = float("nan")
+            v = x.view(-1)
+            k = v[1::7].numel()
+            v[: 7 * k : 7] = v[1::7]  # ties
+            v[5::97] = float("nan")
+            x.view(-1)[3::53] = float("inf")
+            x.view(-1)[9::61] = -float("inf")
         xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
         ya, yb = ops.max_pool2d(xa, 2), F.max_pool2d(xb, 2)
         torch.testing.assert_close(ya, yb, rtol=0, atol=0, equal_nan=True)
@@ -345,6 +344,34 @@ def test_max_pool_2x2_small_maps_exact(shape, dtype, threads):
         torch.testing.assert_close(xa.grad, xb.grad, rtol=0, atol=0, equal_nan=True)
     finally:
         torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", [(64, 32, 8, 8), (5, 3, 4, 4), (2, 3, 2, 2), (3, 2, 6, 32),
+                                   (1, 1, 2, 34), (0, 3, 4, 4), (2, 3, 8, 9), (2, 3, 9, 8)])
+@pytest.mark.parametrize("dtype", DT)
+def test_max_pool_2x2_small_maps_exact(shape, dtype, threads):
+    """The short-row 2x2 paths (input rows and columns exactly covered by the windows;
+    8x9 / 9x8 take the row path)."""
+    _max_pool_2x2_exact(shape, dtype, threads)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", [(64, 32, 28, 28), (64, 64, 14, 14), (3, 5, 10, 10),
+                                   (2, 3, 12, 12), (1, 3, 6, 40), (2, 2, 34, 34),
+                                   (1, 1, 4, 66), (3, 1, 2, 2050), (1, 7, 2, 2048),
+                                   (0, 2, 14, 14), (1, 1, 30, 30), (2, 3, 14, 15)])
+@pytest.mark.parametrize("dtype", DT)
+def test_max_pool_2x2_vector_rows_exact(shape, dtype, threads):
+    """The vector 2x2 path (pool.inc mp2v_*: even planes, 5 to 1024 outputs per row, a
+    block's outputs in one flat loop, tails of every vector width); 2x2050 (1025 per
+    row) and 14x15 take the row path."""
+    _max_pool_2x2_exact(shape, dtype, threads)
+
+
+def test_max_pool_2x2_vector_rows_gradcheck():
+    x = torch.randn(2, 3, 10, 14, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: ops.max_pool2d(t, 2), (x,))
 
 
 def test_max_pool_2x2_small_map_gradcheck():

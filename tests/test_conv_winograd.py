@@ -102,6 +102,29 @@ def test_winograd_channels_around_threshold(c, m):
            "auto")
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n,c,m,h,w", [
+    (64, 32, 64, 14, 14),  # the cnn benchmark's second conv
+    (5, 8, 13, 22, 18),    # 13 output channels (tile rows 8 / 6), 150 F(4x4) tiles
+    (3, 11, 9, 9, 31),     # tile columns not a multiple of the 32 / 16 lanes
+    (1, 8, 17, 3, 3),      # one tile per image
+])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_winograd_gemm_tile_tails(n, c, m, h, w, dtype, threads):
+    """The per-position GEMMs (on AVX-512 builds our packed register tile, conv.c
+    wino_use_pk; the BLAS on AVX2, which ORTCPU_ISA=avx2 test runs cover) over row and
+    column tails, several tile blocks and threads: forward, dX, dW, dB vs torch and
+    im2col."""
+    import ortcpu_torch
+
+    old = ortcpu_torch.get_num_threads()
+    try:
+        ortcpu_torch.set_num_threads(threads)
+        _check(n, c, m, h, w, [1, 1, 1, 1], dtype=dtype)
+    finally:
+        ortcpu_torch.set_num_threads(old)
+
+
 def test_winograd_float64_and_threads():
     """float64 through Winograd matches im2col to 1e-10; the threaded split of tile
     blocks (one image split across threads, per-thread dW partials) is exercised with a

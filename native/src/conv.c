@@ -31,10 +31,15 @@
  *   N8 32->64 on 4x4, 1 thread, forward 121 -> 71 us, backward 222 -> 147 us; 8x8 maps
  *   1.2-1.6x (measured on the AVX2 EPYC).
  * - Packed (conv_pk.inc), on the small-map geometry with small weights (conv_pk_use;
- *   algorithm 6 forces it): forward and dX per sample as our own register-tile GEMM
+ *   algorithm 6 forces it): forward and dX per sample (or per 2-4 samples side by side
+ *   where one sample's map would leave the last column tile mostly empty: pk_batch) as
+ *   our own register-tile GEMM (6 rows x 2 ymm; 8 rows x 2 zmm on AVX-512 builds)
  *   against the weights (W or W^T) packed once per call, instead of the batched BLAS
  *   GEMM; dW / dB stay on the small-map im2col path, whose batch of column matrices is
- *   capped to stay in L2 (CONV_BATCH_L2).
+ *   capped to stay in L2 (CONV_BATCH_L2), with dW as dot products instead of the BLAS
+ *   GEMM on AVX-512 builds where the column matrix is narrow (conv_dw_dot).
+ *   Winograd's per-position GEMMs of the forward and dX run on the same register tile on
+ *   AVX-512 builds (wino_use_pk).
  *
  * Threads: im2col gives one OpenMP thread per slice of the batch, each with its own
  * column buffer and single-threaded OpenBLAS GEMMs (gemm.h); a batch smaller than the
@@ -162,6 +167,23 @@ static int conv_pk_use(const conv_geom *q, size_t esz)
     if (q->algo == CONV_ALGO_PACKED) return 1;
     return q->algo == CONV_ALGO_AUTO && q->small_map &&
            (size_t)(q->mg * q->ck) * esz <= CONV_PK_WEIGHT_BYTES;
+}
+
+/* dW of the packed path as dot products along the output positions (pk_dot_nt in
+ * conv_pk.inc) instead of the BLAS GEMM dY . col^T, on AVX-512 builds where col has at
+ * most CONV_DOT_CK rows (kernel taps x channels): there the GEMM's n is narrower than the
+ * BLAS's tiles. Measured (1 thread, CPU time, N64, dW + dB, AVX-512 EPYC): 1->32 on 28x28
+ * (9 rows) 1.47 -> 0.94 ms (0.45 ms with 4 x 3 tiles and dB summed at the build's width;
+ * torch 0.47), 3->16 on 28x28 (27) 1.6-1.7x; 16->32 on 8x8 (144) 1.0x and
+ * 32->64 (288) 0.1-0.6x, which keep the BLAS; on the AVX2 build (16 registers: the tile
+ * spills) 0.55x. Maps of CONV_DOT_SAMPLE positions and up take one sample at a time
+ * (28x28: 1.25x -> 1.56x faster than the BLAS), smaller ones the batched column block
+ * (8x8: 1.12x; one sample of 64 positions, 0.55x). */
+#define CONV_DOT_CK 32
+#define CONV_DOT_SAMPLE 512
+static int conv_dw_dot(const conv_geom *q, size_t esz)
+{
+    return ORT_ISA_LEVEL >= 2 && q->ck <= CONV_DOT_CK && conv_pk_use(q, esz);
 }
 
 /* ---- depthwise (conv_dw.inc) ---- */
@@ -295,6 +317,19 @@ static inline int64_t wino_plane(int64_t ch, int64_t ld)
     return ch * ld + 16;
 }
 
+/* Winograd's per-position GEMMs (M = output channels, K = input channels, N = tiles of a
+ * block) on the packed path's register tile (pk_gemm, the transformed kernel packed once
+ * per call) on AVX-512 builds, where the tile is 16 lanes wide against the BLAS's
+ * Haswell kernels (OPENBLAS_CORETYPE; MKL measured no faster): forward and dX 1.1-1.5x
+ * faster over N64 32->64 on 14x14 / 8x8, N16 64->64 on 28x28, N8 128->128 on 14x14, N8
+ * 64->128 on 56x56 (1 thread, CPU time, AVX-512 EPYC). On the AVX2 build the BLAS stays
+ * (the 6x16 tile measured 0.8-1.0x there). The dW GEMMs (dM . V^T, long K) keep the
+ * BLAS: transposing V for the tile cost what it saved (0.93-1.10x). */
+static int wino_use_pk(void)
+{
+    return ORT_ISA_LEVEL >= 2;
+}
+
 /* Which lowering the forward of geom runs (CONV_ALGO_*, never AUTO): the dispatch order
  * of ortcpu_conv_forward_*. */
 int ortcpu_conv_path(const int64_t *geom, int elem_size)
@@ -314,9 +349,9 @@ int ortcpu_conv_path(const int64_t *geom, int elem_size)
 #define T float
 #define SFX f32
 #define ACC double
+#include "conv_pk.inc"
 #include "conv_wino.inc"
 #include "conv_dw.inc"
-#include "conv_pk.inc"
 #include "conv.inc"
 #undef T
 #undef SFX
@@ -325,9 +360,9 @@ int ortcpu_conv_path(const int64_t *geom, int elem_size)
 #define T double
 #define SFX f64
 #define ACC double
+#include "conv_pk.inc"
 #include "conv_wino.inc"
 #include "conv_dw.inc"
-#include "conv_pk.inc"
 #include "conv.inc"
 #undef T
 #undef SFX

@@ -118,18 +118,31 @@ __attribute__((target("avx2,fma"))) static void mp2_rows_w4_avx2(const float *re
 }
 #endif
 
+/* Vector width of pool.inc's 2x2 rows (mp2v_*): the build's ISA level. */
+#if ORT_ISA_LEVEL >= 2
+#define MP2V_BYTES 64
+#elif ORT_ISA_LEVEL == 1
+#define MP2V_BYTES 32
+#else
+#define MP2V_BYTES 16
+#endif
+
 #define T float
+#define TI int32_t /* an integer of T's size */
 #define SFX f32
 #define ACC double
 #include "pool.inc"
 #undef T
+#undef TI
 #undef SFX
 #undef ACC
 
 #define T double
+#define TI int64_t
 #define SFX f64
 #define ACC double
 #include "pool.inc"
 #undef T
+#undef TI
 #undef SFX
 #undef ACC

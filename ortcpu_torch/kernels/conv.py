@@ -9,7 +9,9 @@ convolutions with stride 1, dilation 1, one group and at least 8 input and 4 out
 channels as Winograd F(2x2, 3x3) or F(4x4, 3x3) (GEMMs per block of output tiles; dX is
 the Winograd forward of dY with the rotated kernel); everything else as im2col / col2im.
 GEMMs on single-threaded OpenBLAS, the work split over our OpenMP threads (see
-``kernels/gemm.py`` for the thread decision).
+``kernels/gemm.py`` for the thread decision); small maps with small weights ("packed")
+and, on AVX-512 builds, Winograd's forward / dX GEMMs and the narrow dW GEMMs of the
+packed path run on our own register-tile kernels (native/src/conv_pk.inc).
 ``conv_forward`` and ``conv_backward`` take ``algo="auto" | "im2col" | "winograd2" |
 "winograd4" | "small_map" | "depthwise" | "packed"`` to force a lowering (tests,
 benchmarks).
