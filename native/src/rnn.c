@@ -147,5 +147,22 @@ static rnn_lstm_gates rnn_lstm_order(int gate_order, int64_t H)
     return gate_order ? torch : ort;
 }
 
+/* rnn_gemm.inc's register tile: RG_MR rows x two vectors of RG_VB bytes (24 of the 32
+ * zmm registers at x86-64-v4, 12 of the 16 ymm at v3 and xmm at the baseline); A blocks of
+ * RG_MC x RG_KC elements (L2), B panels of RG_KC x 2 vectors (L1) */
+#if ORT_ISA_LEVEL >= 2
+#define RG_VB 64
+#define RG_MR 12
+#elif ORT_ISA_LEVEL == 1
+#define RG_VB 32
+#define RG_MR 6
+#else
+#define RG_VB 16
+#define RG_MR 6
+#endif
+#define RG_MC (8 * RG_MR)
+#define RG_KC 256
+#define RG_WS ((int64_t)RG_MC * RG_KC) /* elements of one thread's A-block buffer */
+
 #define ORT_TEMPLATE "rnn.inc"
 #include "instantiate.h"
