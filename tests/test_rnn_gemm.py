@@ -1,4 +1,4 @@
-"""The LSTM's own packed GEMM (native/src/rnn_gemm.inc) through the LSTM kernels: shapes
+"""The RNN kernels' own packed GEMM (native/src/rnn_gemm.inc) through LSTM and GRU: shapes
 that cross its blocking (k past one RG_KC = 256 block, m past one RG_MC block of 96 or 48
 rows), leave row and column tails in the register tile (batch 1, 13; hidden 5, 7, 70;
 input 1 and 3), with and without initial states (dR's h0 term accumulates with beta 1),
@@ -138,3 +138,76 @@ def test_empty_batch_and_sequence():
         (y.sum() + hn.sum() + cn.sum()).backward()
         assert torch.equal(leaves[1].grad, torch.zeros_like(w))
         assert torch.equal(leaves[2].grad, torch.zeros_like(r))
+
+
+# ---- GRU: the same GEMM (one packed R for linear_before_reset=1, z,r and h apart for 0) ----
+
+
+def _gru_params(S, B, n_in, H, dtype, gen, states):
+    x, w, r, b, h0, _ = _params(S, B, n_in, H, dtype, gen, states)
+    return x, w[:3 * H], r[:3 * H], b[:6 * H], h0
+
+
+def _gru_ours(x, w, r, b, h0, lbr):
+    leaves = [t.detach().clone().requires_grad_() for t in (x, w, r, b)]
+    hs = None if h0 is None else h0.detach().clone().requires_grad_()
+    y, hn = ops.gru_direction(*leaves, hs, linear_before_reset=lbr, torch_gates=True)
+    (y * torch.linspace(-1, 1, y.shape[-1], dtype=y.dtype)).sum().add_(hn.sum()).backward()
+    return [y, hn] + [t.grad for t in leaves] + ([hs.grad] if hs is not None else [])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("states", [False, True])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "S{}B{}I{}H{}".format(*s))
+def test_gru_vs_torch_float64(shape, states, dtype):
+    """torch's GRU is linear_before_reset=1 in torch's gate order."""
+    gen = torch.Generator().manual_seed(sum(shape) + 7 * states)
+    x, w, r, b, h0 = _gru_params(*shape, dtype, gen, states)
+    H = r.shape[1]
+    m = torch.nn.GRU(x.shape[2], H).double()
+    with torch.no_grad():
+        m.weight_ih_l0.copy_(w)
+        m.weight_hh_l0.copy_(r)
+        m.bias_ih_l0.copy_(b[:3 * H])
+        m.bias_hh_l0.copy_(b[3 * H:])
+    xs = x.detach().double().clone().requires_grad_()
+    hs = None if h0 is None else h0.detach().double()[None].clone().requires_grad_()
+    y, hn = m(xs, hs)
+    (y * torch.linspace(-1, 1, H, dtype=torch.float64)).sum().add_(hn.sum()).backward()
+    ref = [y, hn[0], xs.grad, m.weight_ih_l0.grad, m.weight_hh_l0.grad,
+           torch.cat([m.bias_ih_l0.grad, m.bias_hh_l0.grad])] + \
+        ([hs.grad[0]] if hs is not None else [])
+    got = _gru_ours(x, w, r, b, h0, 1)
+    tol = {"rtol": 1e-10, "atol": 1e-10} if dtype == torch.float64 else \
+        {"rtol": 2e-4, "atol": 1e-4}
+    for a, e in zip(got, ref, strict=True):
+        assert a.dtype == dtype
+        assert_close(a.double(), e, **tol)
+
+
+@pytest.mark.parametrize("shape", SHAPES[1:], ids=lambda s: "S{}B{}I{}H{}".format(*s))
+def test_gru_lbr0_float32_matches_float64(shape):
+    """linear_before_reset=0 (no torch counterpart; float64 is gradchecked in test_rnn.py):
+    the float32 run agrees with the float64 run of the same kernels."""
+    gen = torch.Generator().manual_seed(5)
+    p64 = _gru_params(*shape, torch.float64, gen, True)
+    ref = _gru_ours(*p64, 0)
+    got = _gru_ours(*[t.float() for t in p64], 0)
+    for a, e in zip(got, ref, strict=True):
+        assert_close(a.double(), e, rtol=2e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("lbr", [0, 1])
+def test_gru_thread_counts_bitwise_equal(lbr):
+    gen = torch.Generator().manual_seed(6)
+    p = _gru_params(9, 33, 4, 70, torch.float32, gen, True)
+    saved = torch.get_num_threads()
+    try:
+        outs = []
+        for n in (1, 2):
+            ortcpu_torch.set_num_threads(n)
+            outs.append(_gru_ours(*p, lbr))
+    finally:
+        ortcpu_torch.set_num_threads(saved)
+    for a, e in zip(*outs, strict=True):
+        assert torch.equal(a, e)

@@ -9,10 +9,12 @@
  * adds one recurrence GEMM ([B,H] x [H, gates]) and the gate math (a few short passes
  * over each row, see lstm_cell_row). The backward collects the per-step pre-activation
  * gradients dG [S,B,gates] and finishes with whole-sequence GEMMs for dX, dW, dR and
- * the bias sums. The recurrent weights are packed once per call (gemm.h: MKL's packed
- * GEMM where it is the faster backend for the step's shape) for the S per-step GEMMs of
- * each direction: the LSTM's R as one operand, the GRU's as one (linear_before_reset=1)
- * or as its z,r rows and h rows apart (=0: the h rows multiply r*h_prev).
+ * the bias sums. Every GEMM but the bias sums runs on rnn_gemm.inc's own packed GEMM
+ * (AVX-512 where the build has it; the BLAS backends run AVX2 kernels on AVX-512 AMD
+ * CPUs, see there). The recurrent weights are packed once per call for the S per-step
+ * GEMMs of each direction: the LSTM's R as one operand, the GRU's as one
+ * (linear_before_reset=1) or as its z,r rows and h rows apart (=0: the h rows multiply
+ * r*h_prev).
  */
 #include "common.h"
 #include "gemm.h"
@@ -38,13 +40,6 @@ static int rnn_threads(int64_t rows, int64_t min_rows, int nthreads)
     if (k > rows / min_rows) k = rows / min_rows;
     if (k > 64) k = 64;
     return k < 1 ? 1 : (int)k;
-}
-
-/* rows of the largest batch slice rnn_run_slices gives a thread */
-static int64_t rnn_slice_rows(int64_t B, int nthreads)
-{
-    int k = rnn_threads(B, 4, nthreads);
-    return (B + k - 1) / k;
 }
 
 static int rnn_run_slices(int64_t B, int nthreads, rnn_slice_fn fn, void *ctx)
