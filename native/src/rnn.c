@@ -9,10 +9,12 @@
  * adds one recurrence GEMM ([B,H] x [H, gates]) and the gate math (a few short passes
  * over each row, see lstm_cell_row). The backward collects the per-step pre-activation
  * gradients dG [S,B,gates] and finishes with whole-sequence GEMMs for dX, dW, dR and
- * the bias sums. The recurrent weights are packed once per call (gemm.h: MKL's packed
- * GEMM where it is the faster backend for the step's shape) for the S per-step GEMMs of
- * each direction: the LSTM's R as one operand, the GRU's as one (linear_before_reset=1)
- * or as its z,r rows and h rows apart (=0: the h rows multiply r*h_prev).
+ * the bias sums. Every GEMM but the bias sums runs on rnn_gemm.inc's own packed GEMM
+ * (AVX-512 where the build has it; the BLAS backends run AVX2 kernels on AVX-512 AMD
+ * CPUs, see there). The recurrent weights are packed once per call for the S per-step
+ * GEMMs of each direction: the LSTM's R as one operand, the GRU's as one
+ * (linear_before_reset=1) or as its z,r rows and h rows apart (=0: the h rows multiply
+ * r*h_prev).
  */
 #include "common.h"
 #include "gemm.h"
@@ -38,13 +40,6 @@ static int rnn_threads(int64_t rows, int64_t min_rows, int nthreads)
     if (k > rows / min_rows) k = rows / min_rows;
     if (k > 64) k = 64;
     return k < 1 ? 1 : (int)k;
-}
-
-/* rows of the largest batch slice rnn_run_slices gives a thread */
-static int64_t rnn_slice_rows(int64_t B, int nthreads)
-{
-    int k = rnn_threads(B, 4, nthreads);
-    return (B + k - 1) / k;
 }
 
 static int rnn_run_slices(int64_t B, int nthreads, rnn_slice_fn fn, void *ctx)
@@ -146,6 +141,27 @@ static rnn_lstm_gates rnn_lstm_order(int gate_order, int64_t H)
     rnn_lstm_gates ort = {0, H, 2 * H, 3 * H}, torch = {0, 3 * H, H, 2 * H};
     return gate_order ? torch : ort;
 }
+
+/* rnn_gemm.inc's register tile: RG_MR rows x two vectors of RG_VB bytes (16 of the 32
+ * zmm registers at x86-64-v4, 12 of the 16 ymm at v3 and xmm at the baseline); A blocks of
+ * RG_MC x RG_KC elements (L2), B panels of RG_KC x 2 vectors (L1). 8 rows at v4, not 12:
+ * a thread's batch slice of 32 or 64 rows fills whole tiles (12 left a 4- or 8-row tile
+ * computed as 12); measured equal at 1 thread and ~7% less CPU time at 2 threads (batch
+ * 64 split in two) on the train_step LSTM (perf sample counts, same iterations). The
+ * tile code also takes RG_MR 12. */
+#if ORT_ISA_LEVEL >= 2
+#define RG_VB 64
+#define RG_MR 8
+#elif ORT_ISA_LEVEL == 1
+#define RG_VB 32
+#define RG_MR 6
+#else
+#define RG_VB 16
+#define RG_MR 6
+#endif
+#define RG_MC (8 * RG_MR)
+#define RG_KC 256
+#define RG_WS ((int64_t)RG_MC * RG_KC) /* elements of one thread's A-block buffer */
 
 #define ORT_TEMPLATE "rnn.inc"
 #include "instantiate.h"

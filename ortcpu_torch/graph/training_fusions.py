@@ -36,7 +36,7 @@ import onnx
 from onnx import helper
 
 from . import training_fusions_attention as attention
-from .training_fusions_rnn import lstm_torch_gates
+from .training_fusions_rnn import lstm_torch_gates, rnn_last_step
 from .training_rewrite import (
     DOMAIN,
     MS_DOMAINS,
@@ -399,7 +399,8 @@ def _split_views(g: Rewrite) -> None:
 
 PASSES: list[Callable[[Rewrite], None]] = [_maxpool_2x2, _gemm_reads_transpose,
                                             _gemm_transposed_output, _masked_softmax,
-                                            lstm_torch_gates, _bias_gelu, _split_views,
+                                            lstm_torch_gates, rnn_last_step, _bias_gelu,
+                                            _split_views,
                                             *attention.PASSES]
 #: correct but measured slower than the unfused graph (module docstring); a caller may
 #: insert one into ``PASSES`` (after ``_maxpool_2x2``, whose nodes it rewrites)

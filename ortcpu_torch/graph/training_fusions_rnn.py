@@ -1,11 +1,17 @@
-"""The LSTM pass of ``training_fusions``: a single-layer forward LSTM whose weights the
-capture reorders from torch's gate order (Split -> Concat [i, o, f, c] -> Unsqueeze per
-weight and bias, and the inverse chains on the gradients) runs as
-``LSTMTorchGatesTraining`` / ``LSTMTorchGatesGrad`` on the parameters themselves."""
+"""The RNN passes of ``training_fusions``.
+
+``lstm_torch_gates``: a single-layer forward LSTM whose weights the capture reorders from
+torch's gate order (Split -> Concat [i, o, f, c] -> Unsqueeze per weight and bias, and the
+inverse chains on the gradients) runs as ``LSTMTorchGatesTraining`` /
+``LSTMTorchGatesGrad`` on the parameters themselves.
+
+``rnn_last_step``: the last step of a forward LSTM/GRU output (``out[:, -1]``) is read
+from HFinal, its gradient entering as dHFinal (see the function)."""
 
 from __future__ import annotations
 
-from onnx import helper
+import numpy as np
+from onnx import helper, numpy_helper
 
 from .training_rewrite import DOMAIN, MS_DOMAINS, Rewrite, const_ints, is_onnx, node_attrs
 
@@ -155,3 +161,136 @@ def lstm_torch_gates(g: Rewrite) -> None:
             g.replace[id(old)] = [n]
         g.done.append("LSTMTraining (+ LSTMGrad) with gate-reorder chains -> "
                       "LSTMTorchGatesTraining (+ LSTMTorchGatesGrad)")
+
+
+# ---- the last step of the sequence read from HFinal -------------------------------------
+
+# gradient op -> its (dHAll, dHFinal) input slots
+_GRAD_SLOTS = {"LSTMGrad": (9, 10), "LSTMTorchGatesGrad": (8, 9), "GRUGrad": (8, 9)}
+_TRAINING = {"LSTMTraining": "LSTMGrad", "LSTMTorchGatesTraining": "LSTMTorchGatesGrad",
+             "GRUTraining": "GRUGrad"}
+
+
+def _single_reader(g: Rewrite, value: str):
+    r = g.readers.get(value, [])
+    return r[0] if len(r) == 1 and value not in g.outputs else None
+
+
+def _axes(g: Rewrite, node) -> list[int] | None:
+    if len(node.input) > 1 and node.input[1]:
+        return const_ints(g, node.input[1])
+    return list(node_attrs(node).get("axes", [])) or None
+
+
+def _scalar_index(g: Rewrite, name: str) -> int | None:
+    """The value of a rank-0 integer constant (a Gather index that drops its axis)."""
+    vals = const_ints(g, name)
+    t = g.initializers.get(name)
+    p = g.producer.get(name)
+    if t is None and p is not None and p.attribute:
+        t = p.attribute[0].t
+    return vals[0] if vals is not None and t is not None and len(t.dims) == 0 else None
+
+
+def _const_node(name: str, values: list[int]):
+    return helper.make_node("Constant", [], [name], name=name,
+                            value=numpy_helper.from_array(np.array(values, np.int64), name))
+
+
+def _last_step_chain(g: Rewrite, rnn):
+    """(nodes of HAll -> Squeeze [-> Transpose] -> Gather(last step), the Gather) when the
+    recurrent node's full output is read only that way (and by its gradient), else None."""
+    hall, shape = rnn.output[0], g.shapes.get(rnn.output[0])  # [S, 1, B, H] if known
+    if len(rnn.output) < 2 or not rnn.output[1] or hall in g.outputs:
+        return None
+    readers = [r for r in g.readers.get(hall, []) if r.op_type != _TRAINING[rnn.op_type]]
+    sq = readers[0] if len(readers) == 1 else None
+    if sq is None or not is_onnx(sq, "Squeeze") or _axes(g, sq) != [1]:
+        return None
+    chain, nxt, axis = [sq], _single_reader(g, sq.output[0]), 0
+    if nxt is not None and is_onnx(nxt, "Transpose") and \
+            list(node_attrs(nxt).get("perm", [])) == [1, 0, 2]:
+        chain.append(nxt)
+        nxt, axis = _single_reader(g, nxt.output[0]), 1
+    if nxt is None or not is_onnx(nxt, "Gather") or \
+            int(node_attrs(nxt).get("axis", 0)) != axis:
+        return None
+    idx = _scalar_index(g, nxt.input[1])  # -1, or S - 1 where S is known
+    if idx is None or (idx != -1 and (not shape or idx != shape[0] - 1)):
+        return None
+    return chain, nxt, axis
+
+
+def _grad_chain(g: Rewrite, grad, dhall: str, gather, axis: int):
+    """(nodes of dY -> GatherGrad [-> Transpose] -> Reshape -> dHAll, dY) mirroring the
+    forward chain, else None."""
+    rs = g.producer.get(dhall)
+    if rs is None or not is_onnx(rs, "Reshape") or _single_reader(g, dhall) is not grad:
+        return None
+    chain, prev = [rs], g.producer.get(rs.input[0])
+    if axis == 1:
+        if prev is None or not is_onnx(prev, "Transpose") or \
+                list(node_attrs(prev).get("perm", [])) != [1, 0, 2] or \
+                _single_reader(g, prev.output[0]) is not rs:
+            return None
+        chain.append(prev)
+        prev = g.producer.get(prev.input[0])
+    gg = prev
+    if gg is None or gg.op_type != "GatherGrad" or len(gg.input) < 3 or \
+            gg.input[1] != gather.input[1] or \
+            int(node_attrs(gg).get("axis", 0)) != axis or \
+            _single_reader(g, gg.output[0]) is not chain[-1]:
+        return None
+    return chain + [gg], gg.input[2]
+
+
+def rnn_last_step(g: Rewrite) -> None:
+    """``y[-1]`` (or ``y[:, -1]`` batch first) of a single-direction LSTM/GRU output is its
+    HFinal: the forward reads HFinal instead of slicing HAll, and the gradient enters as
+    dHFinal instead of a zero [S, B, H] dHAll with one step filled (GatherGrad), which the
+    recurrence's backward then reads in full."""
+    for rnn in g.nodes:
+        if rnn.op_type not in _TRAINING or rnn.domain not in (*MS_DOMAINS, DOMAIN) or \
+                g.taken(rnn) or node_attrs(rnn).get("direction", b"forward") not in \
+                (b"forward", "forward"):
+            continue
+        found = _last_step_chain(g, rnn)
+        if found is None:
+            continue
+        chain, gather, axis = found
+        grads = [r for r in g.readers.get(rnn.output[0], [])
+                 if r.op_type == _TRAINING[rnn.op_type]]
+        new, drop = [], list(chain)
+        y = gather.output[0]
+        axes_f = f"{y}_hfinal_axes"
+        new.append((gather, [_const_node(axes_f, [0]),
+                             helper.make_node("Squeeze", [rnn.output[1], axes_f], [y],
+                                              name=gather.name + "_hfinal")]))
+        if grads:
+            grad = grads[0]
+            slot_all, slot_fin = _GRAD_SLOTS[grad.op_type]
+            ins = list(grad.input) + [""] * (slot_fin + 1 - len(grad.input))
+            back = _grad_chain(g, grad, ins[slot_all], gather, axis) \
+                if len(grads) == 1 and ins[slot_all] and not ins[slot_fin] else None
+            if back is None:
+                continue
+            bchain, dy = back
+            dfin = f"{y}_dhfinal"
+            axes_b = f"{dfin}_axes"
+            ins[slot_all], ins[slot_fin] = "", dfin
+            new_grad = helper.make_node(grad.op_type, ins, list(grad.output), domain=grad.domain,
+                                        name=grad.name)
+            new_grad.attribute.extend(grad.attribute)
+            gg = bchain[-1]
+            new.append((gg, [_const_node(axes_b, [0]),
+                             helper.make_node("Unsqueeze", [dy, axes_b], [dfin],
+                                              name=gg.name + "_hfinal")]))
+            new.append((grad, [new_grad]))
+            drop += bchain[:-1]
+        if g.taken(*drop, *(old for old, _ in new)):
+            continue
+        for n in drop:
+            g.replace[id(n)] = []
+        for old, nodes in new:
+            g.replace[id(old)] = nodes
+        g.done.append(f"{rnn.op_type}: last step of HAll -> HFinal (gradient as dHFinal)")
