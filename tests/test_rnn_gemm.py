@@ -30,15 +30,22 @@ def _params(S, B, n_in, H, dtype, gen, states):
     return x, w, r, b, h0, c0
 
 
-def _torch_ref(x, w, r, b, h0, c0):
-    """torch.nn.LSTM in float64 with the same (torch-order) parameters."""
-    H = r.shape[1]
-    m = torch.nn.LSTM(x.shape[2], H).double()
+def _torch_rnn(cls, x, w, r, b):
+    """torch.nn.LSTM/GRU (``cls``) in float64 with the same (torch-order) parameters; ``b``
+    is the input bias then the recurrent one."""
+    m = cls(x.shape[2], r.shape[1]).double()
+    half = b.shape[0] // 2
     with torch.no_grad():
         m.weight_ih_l0.copy_(w)
         m.weight_hh_l0.copy_(r)
-        m.bias_ih_l0.copy_(b[:4 * H])
-        m.bias_hh_l0.copy_(b[4 * H:])
+        m.bias_ih_l0.copy_(b[:half])
+        m.bias_hh_l0.copy_(b[half:])
+    return m
+
+
+def _torch_ref(x, w, r, b, h0, c0):
+    """torch.nn.LSTM in float64 with the same (torch-order) parameters."""
+    m = _torch_rnn(torch.nn.LSTM, x, w, r, b)
     xs = x.detach().double().clone().requires_grad_()
     hx = None if h0 is None else (h0.detach().double()[None].clone().requires_grad_(),
                                  c0.detach().double()[None].clone().requires_grad_())
@@ -164,12 +171,7 @@ def test_gru_vs_torch_float64(shape, states, dtype):
     gen = torch.Generator().manual_seed(sum(shape) + 7 * states)
     x, w, r, b, h0 = _gru_params(*shape, dtype, gen, states)
     H = r.shape[1]
-    m = torch.nn.GRU(x.shape[2], H).double()
-    with torch.no_grad():
-        m.weight_ih_l0.copy_(w)
-        m.weight_hh_l0.copy_(r)
-        m.bias_ih_l0.copy_(b[:3 * H])
-        m.bias_hh_l0.copy_(b[3 * H:])
+    m = _torch_rnn(torch.nn.GRU, x, w, r, b)
     xs = x.detach().double().clone().requires_grad_()
     hs = None if h0 is None else h0.detach().double()[None].clone().requires_grad_()
     y, hn = m(xs, hs)
