@@ -231,7 +231,7 @@ def write_results(stem: str, result: dict, markdown_text: str) -> None:
         f.write("\n")
     names = [stem + ".md"]
     kind = machine_kind()
-    if kind is not None:
+    if kind is not None and "partial" not in stem:  # a partial run stands for no kind
         names.append(f"{stem}.{kind}.md")
     for name in names:
         with open(os.path.join(RESULTS, name), "w") as f:

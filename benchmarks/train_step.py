@@ -296,14 +296,17 @@ def run_case(case: Case, threads: int, rounds: int, reps: int, warmup: int,
         "pair_ratio_median": round(quantiles(pair)["median"], 3),
         "steps": len(pair),
         "max_loss_diff": max(abs(a - b) for a, b in zip(lt, lo, strict=True)),
-        "on_our_kernels": [f"{m['name']} ({m['type']})" for m in rep.modules]
+        "on_our_kernels": [f"{m['name']} ({m['type']})" for m in rep.modules
+                           if m["calls_ours"]]
         + [f["name"] for f in rep.functionals if f["calls_ours"]],
         "on_torch": sorted({f"{d['type']}: {d['reason']}" for d in rep.skipped}
                            | {f"{k} x{len(v)}" for k, v in rep.no_counterpart.items()}
                            | {f"{d['name']} x{d['calls']}" for d in rep.torch_functions
                               if not d["metadata"]}
                            | {f"{f['name']}: {next(iter(f['reasons']))}"
-                              for f in rep.functionals if f["calls_torch"]}),
+                              for f in rep.functionals if f["calls_torch"]}
+                           | {f"{m['name']} ({m['type']}): {next(iter(m['reasons']), 'torch')}"
+                              for m in rep.modules if m["calls_torch"] and not m["calls_ours"]}),
         "optimizer": rep.optimizer,
         "ortmodule_ms": round(q["ortmodule"]["median"], 2),
         "ortmodule_ratio": round(q["torch"]["median"] / q["ortmodule"]["median"], 3),

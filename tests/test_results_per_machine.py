@@ -38,6 +38,9 @@ def test_write_results_keeps_a_copy_per_kind(tmp_path, monkeypatch):
     monkeypatch.setattr(_util, "machine_kind", lambda: None)
     _util.write_results("capped", {"x": 1}, "| capped |\n")
     assert not (tmp_path / "capped.avx2.md").exists()
+    monkeypatch.setattr(_util, "machine_kind", lambda: "avx512")
+    _util.write_results("case_partial", {"x": 1}, "| quick |\n")
+    assert not (tmp_path / "case_partial.avx512.md").exists()
 
 
 def test_readme_table_shows_every_kind_avx512_first(update_readme):
