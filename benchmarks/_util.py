@@ -213,12 +213,28 @@ def wait_quiet(max_seconds: float, busy_limit: float = 0.03, window: int = 5) ->
     return False
 
 
+def cpu_vendor() -> str:
+    """The CPU's vendor id from /proc/cpuinfo (``"GenuineIntel"``, ``"AuthenticAMD"``), or
+    ``""`` where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def machine_kind() -> str | None:
-    """``"avx512"`` or ``"avx2"``: the kind of machine this is (its CPU's best ISA), or
-    None where the numbers stand for neither kind (an ORTCPU_ISA cap, a baseline CPU)."""
+    """``"avx512"`` or ``"avx2"`` (AMD EPYC, the kinds the targets name) or
+    ``"intel-avx512"`` / ``"intel-avx2"``: the kind of machine this is (its CPU's best ISA
+    and vendor, since torch's MKL and oneDNN pick other kernels on Intel), or None where the
+    numbers stand for no kind (an ORTCPU_ISA cap, a baseline CPU)."""
     if loader.CAP is not None or loader.CPU_ISA not in ("avx512", "avx2"):
         return None
-    return loader.CPU_ISA
+    prefix = "intel-" if cpu_vendor() == "GenuineIntel" else ""
+    return prefix + loader.CPU_ISA
 
 
 def write_results(stem: str, result: dict, markdown_text: str) -> None:

@@ -26,7 +26,14 @@ def update_readme(tmp_path, monkeypatch):
 def test_machine_kind(monkeypatch, cpu_isa, cap, kind):
     monkeypatch.setattr(_util.loader, "CPU_ISA", cpu_isa)
     monkeypatch.setattr(_util.loader, "CAP", cap)
+    monkeypatch.setattr(_util, "cpu_vendor", lambda: "AuthenticAMD")
     assert _util.machine_kind() == kind
+    monkeypatch.setattr(_util, "cpu_vendor", lambda: "GenuineIntel")
+    assert _util.machine_kind() == (kind and "intel-" + kind)
+
+
+def test_cpu_vendor_reads_this_machine():
+    assert _util.cpu_vendor() in ("GenuineIntel", "AuthenticAMD", "")
 
 
 def test_write_results_keeps_a_copy_per_kind(tmp_path, monkeypatch):
