@@ -36,7 +36,7 @@ def test_choices_are_measured_once_per_signature_and_reported():
     for key, c in rep.choices.items():
         assert c["side"] == decide(c["ours_ms"] / 1e3, c["torch_ms"] / 1e3), key  # ms -> s
     assert set(rep.selection.values()) <= {"ours", "torch"}
-    assert "signatures measured" in rep.text
+    assert "signatures chosen" in rep.text
     calls = {d["name"]: d["calls_ours"] + d["calls_torch"] for d in rep.modules}
     assert calls == {"0": 3, "1": 3, "2": 3, "3": 3}
     for d in rep.modules:  # a call run on torch by choice is not a fallback
@@ -149,3 +149,66 @@ def test_measurement_is_cpu_time_and_near_ties_are_measured_again(monkeypatch):
     c = S.measure(side("ours", 0), side("torch", 2), (x,), {})
     assert c["side"] == "ours" and c["ours_ms"] * 2 == c["torch_ms"], c
     assert calls["ours"] == 1 + S._BLOCKS * S._MIN_REPS
+
+
+class _DropNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.drop = nn.Linear(64, 256), nn.Dropout(0.3)
+        self.drop2 = nn.Dropout(0.3)
+
+    def forward(self, x):
+        h = self.drop2(self.drop(self.fc(x)))
+        h = torch.nn.functional.dropout(h, 0.2, self.training)
+        q = h.view(4, 2, -1, 32)
+        a = torch.nn.functional.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
+        return a.sum() + h.sum()
+
+
+def test_random_ops_are_not_timed_and_keep_torchs_random_stream():
+    """select='fastest' leaves every random op on torch, untimed: the wrapped model draws
+    exactly plain torch's random numbers, so torch.manual_seed gives plain torch's run."""
+    torch.manual_seed(0)
+    plain = _DropNet()
+    wrapped = wrap(copy.deepcopy(plain), fallback="silent")
+    x = torch.randn(64, 64)
+    for _ in range(3):
+        torch.manual_seed(7)
+        want = plain(x)
+        after_plain = torch.get_rng_state()
+        torch.manual_seed(7)
+        got = wrapped(x)
+        torch.testing.assert_close(got, want)
+        assert torch.equal(torch.get_rng_state(), after_plain)
+    rep = report(wrapped, file=None)
+    random = {k for k, c in rep.choices.items() if c.get("random")}
+    assert random, rep.text
+    for k in random:
+        assert rep.choices[k]["side"] == "torch" and rep.choices[k]["ours_ms"] is None
+    assert any("Dropout" in k for k in random) and any("dropout" in k for k in random)
+    assert any("scaled_dot_product_attention" in k for k in random)
+    assert "random op" in rep.text
+    drops = [d for d in rep.modules if d["name"] in ("drop", "drop2")]
+    assert len(drops) == 2
+    for d in drops:  # both modules say why, the second one from the wrap-wide choice
+        assert d["calls_ours"] == 0
+        assert any("random op" in msg for msg in d["reasons"]), d
+
+
+def test_dropout_that_draws_nothing_is_timed_as_usual():
+    m = wrap(nn.Sequential(nn.Linear(8, 64), nn.Dropout(0.0)), fallback="silent")
+    m(torch.randn(4, 8)).sum().backward()
+    m.eval()
+    wrapped_eval = wrap(nn.Sequential(nn.Dropout(0.5)).eval())
+    wrapped_eval(torch.randn(4, 8))
+    for model in (m, wrapped_eval):
+        rep = report(model, file=None)
+        assert rep.choices and not any(c.get("random") for c in rep.choices.values()), rep.text
+
+
+def test_random_ops_run_ours_under_select_ours():
+    m = wrap(nn.Sequential(nn.Linear(8, 64), nn.Dropout(0.5)), select="ours")
+    m(torch.randn(4, 8)).sum().backward()
+    rep = report(m, file=None)
+    assert [d["calls_ours"] for d in rep.modules] == [1, 1]
+    assert not rep.choices

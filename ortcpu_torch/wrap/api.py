@@ -58,7 +58,9 @@ def wrap(model: torch.nn.Module, *, fallback: str = "warn", include=None, exclud
     on only where it measured at least ``select.MARGIN`` (5%) faster, so the wrap never
     makes an op slower and ties go to torch, the same way in every run (ours trails on
     tiny tensors, where a Python autograd.Function's fixed cost dominates, and leads on
-    large ones). ``"ours"``: always ours.
+    large ones). Random ops (dropout) are not timed and run on torch, so a wrapped model
+    draws plain torch's random numbers (``torch.manual_seed`` reproduces plain torch's
+    run). ``"ours"``: always ours.
     ``report(model).selection``, passed back as ``select=``, replays the choices.
 
     ``timing``: also measure the forward and backward time spent on ours and on torch

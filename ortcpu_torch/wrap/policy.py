@@ -127,21 +127,25 @@ class _PerThread(threading.local):
 
 
 CHOSE_TORCH = "torch measured faster for this input signature (select='fastest')"
+RANDOM_TORCH = ("a random op: kept on torch so that torch.manual_seed gives plain torch's "
+                "run (select='fastest' does not time random ops)")
 
 
 class Stats:
     """Calls of one swapped module or routed functional: on ours, on torch (and why).
 
-    A call run on torch because torch measured faster is one increment of ``chosen``
-    (the steady path of every such call pays just that); ``reasons`` holds the others."""
+    A call run on torch by select's choice is one increment of ``chosen`` (the steady
+    path of every such call pays just that; ``chose_why`` says why: torch measured faster,
+    or a random op); ``reasons`` holds the others."""
 
-    __slots__ = ("ours", "fell", "chosen", "reasons")
+    __slots__ = ("ours", "fell", "chosen", "reasons", "chose_why")
 
     def __init__(self):
         self.ours = 0
         self.fell = 0  # calls on torch for any reason but select's choice
-        self.chosen = 0  # calls on torch because torch measured faster
+        self.chosen = 0  # calls on torch by select's choice
         self.reasons: dict[str, list] = {}  # reason key -> [first message, count]
+        self.chose_why = CHOSE_TORCH
 
     @property
     def torch(self) -> int:
@@ -155,7 +159,7 @@ class Stats:
         """{message: calls} of every reason a call ran on torch (select's choice last)."""
         out = {msg: n for msg, n in self.reasons.values()}
         if self.chosen:
-            out[CHOSE_TORCH] = self.chosen
+            out[self.chose_why] = self.chosen
         return out
 
     def fallback(self, reason: str) -> bool:
@@ -170,14 +174,16 @@ class Stats:
         return False
 
     def __getstate__(self):
-        return (self.ours, self.fell, self.chosen, self.reasons)
+        return (self.ours, self.fell, self.chosen, self.reasons, self.chose_why)
 
     def __setstate__(self, s):
         if len(s) == 3:  # pickled before ``chosen`` was counted apart
             ours, torch_calls, reasons = s
             chosen = reasons.pop(CHOSE_TORCH, [None, 0])[1]
             s = (ours, torch_calls - chosen, chosen, reasons)
-        self.ours, self.fell, self.chosen, self.reasons = s
+        if len(s) == 4:  # pickled before ``chose_why``
+            s = (*s, CHOSE_TORCH)
+        self.ours, self.fell, self.chosen, self.reasons, self.chose_why = s
 
 
 def matches(patterns, *names) -> bool:

@@ -9,9 +9,11 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from .policy import CHOSE_TORCH, STATE_ATTR, Stats
+from .policy import CHOSE_TORCH, RANDOM_TORCH, STATE_ATTR, Stats
 from .routing import KernelMode, is_metadata
 from .tables import FUNCTIONALS
+
+_CHOSEN = (CHOSE_TORCH, RANDOM_TORCH)  # select's reasons: not fallbacks
 
 
 @dataclass
@@ -136,8 +138,8 @@ def report(model, file="stdout", timing: bool = False) -> Report:
         for d in mods:
             lines.append(f"  {d['name']:<28} {d['type']} -> {d['ours']}  "
                          f"{d['calls_ours']} / {d['calls_torch']}")
-            lines.extend(f"      {'on torch' if msg == CHOSE_TORCH else 'fell back'} {n}x: "
-                         f"{msg}" for msg, n in d["reasons"].items())
+            lines.extend(f"      {'on torch' if msg in _CHOSEN else 'fell back'} {n}x: {msg}"
+                         for msg, n in d["reasons"].items())
     elif not isinstance(model, KernelMode):
         lines.append("modules swapped: none")
     if skipped:
@@ -179,10 +181,11 @@ def report(model, file="stdout", timing: bool = False) -> Report:
         lines.append(f"optimizer: {state.optimizer}")
     if state.choices:
         n_t = sum(c["side"] == "torch" for c in state.choices.values())
-        lines.append(f"select={state.select!r}: {len(state.choices)} signatures measured, "
+        lines.append(f"select={state.select!r}: {len(state.choices)} signatures chosen, "
                      f"{n_t} run on torch (forward+backward CPU ms ours / torch):")
         for k, c in state.choices.items():
-            ms = "given" if c["ours_ms"] is None else f"{c['ours_ms']:.3f} / {c['torch_ms']:.3f}"
+            ms = "random op" if c.get("random") else "given" if c["ours_ms"] is None \
+                else f"{c['ours_ms']:.3f} / {c['torch_ms']:.3f}"
             lines.append(f"  {c['side']:<5} {ms:<18} {k}")
     else:
         lines.append(f"select={state.select!r}")

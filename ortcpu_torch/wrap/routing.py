@@ -212,7 +212,7 @@ def route_call(state: State, entry: FuncEntry, func, args, kwargs, stats: Stats,
         if side is None:  # a new signature: measure
             side = choose(state, entry.name, None,
                           lambda *a, **k: ours_call(entry, ours, a, k), func, args,
-                          kwargs, key)
+                          kwargs, key, stats)
         if side == "torch":
             stats.chose_torch()
             return timed(state, "torch", func, *args, **kwargs) if state.timing \

@@ -29,6 +29,12 @@ clearly faster. (What is left of load in this clock is OpenMP's spin-wait: a thr
 spinning at a barrier for a descheduled worker burns CPU time. With
 ``OMP_WAIT_POLICY=PASSIVE`` the choices repeat even on a loaded machine.)
 
+Random ops (``Dropout``, ``F.dropout``, attention with ``dropout_p > 0``) are not timed:
+under ``"fastest"`` they run on torch. Our dropout draws its mask from a seed taken from
+torch's generator, so its mask differs from torch's; a timed choice near the line would
+flip between runs and with it the random stream, so the same ``torch.manual_seed`` would
+give another loss curve. Kept on torch, a wrapped model's run is plain torch's run.
+
 Every choice, with both timings, is listed by ``report()``.
 """
 
@@ -38,6 +44,8 @@ import time
 
 import torch
 from torch.nn.utils.stateless import _reparametrize_module
+
+from .policy import RANDOM_TORCH
 
 SELECT_MODES = ("fastest", "ours")
 #: ours runs where its time is below torch's by at least this fraction and by at least
@@ -209,17 +217,40 @@ def call_key(args, kwargs):
     return a, tuple([(k, v if type(v) in _SCALARS else _key(v)) for k, v in kwargs.items()])
 
 
-def choose(state, name: str, extra, run_ours, run_torch, args, kwargs, key=None) -> str:
+def _arg(args, kwargs, i, name, default):
+    return kwargs.get(name, args[i] if len(args) > i else default)
+
+
+#: functional name -> whether a call draws random numbers (see the module docstring)
+RANDOM_FUNCS = {
+    "F.dropout": lambda a, k: _arg(a, k, 1, "p", 0.5) > 0 and _arg(a, k, 2, "training", True),
+    "F.scaled_dot_product_attention": lambda a, k: _arg(a, k, 4, "dropout_p", 0.0) > 0,
+}
+#: swapped module entry name -> whether its call draws random numbers
+RANDOM_MODULES = {"Dropout": lambda m: m.training and m.p > 0}
+
+
+def choose(state, name: str, extra, run_ours, run_torch, args, kwargs, key=None,
+           stats=None, random=None) -> str:
     """"ours" or "torch" for this call of ``name`` (``extra``: what else tells calls
     apart, e.g. a module's configuration and training flag; ``key``: a caller's own
     hashable key for the same, computed more cheaply). The per-call cost is one tuple key;
-    the readable signature is built once per new key."""
+    the readable signature is built once per new key. A random op is torch's, untimed
+    (``stats.chose_why`` then says so; ``random``: whether this call draws random
+    numbers, by default from ``RANDOM_FUNCS``)."""
     fast = (name, extra, call_key(args, kwargs)) if key is None else key
     side = state.sides.get(fast)
+    if random is None:
+        draws = RANDOM_FUNCS.get(name)
+        random = draws is not None and bool(draws(args, kwargs))
     if side is None:
         sig = signature(name, args, kwargs, f" {extra}" if extra else "")
         c = state.choices.get(sig)
         if c is None:
-            c = state.choices[sig] = measure(run_ours, run_torch, args, kwargs)
+            c = {"side": "torch", "ours_ms": None, "torch_ms": None, "random": True} \
+                if random else measure(run_ours, run_torch, args, kwargs)
+            state.choices[sig] = c
         side = state.sides[fast] = c["side"]
+    if random and side == "torch" and stats is not None:
+        stats.chose_why = RANDOM_TORCH
     return side

@@ -25,7 +25,7 @@ from .policy import (
     module_call_reason,
 )
 from .routing import KernelMode
-from .select import call_key, choose, module_runner
+from .select import RANDOM_MODULES, call_key, choose, module_runner
 from .tables import MODULES, ModuleEntry
 from .timing import timed
 
@@ -218,18 +218,15 @@ def _general_forward(self, info: SwapInfo, state, stats, args, kwargs):
             fast = (self.training, call_key(args, kwargs))
             side = info.sides.get(fast)
             if side is None:
-                key = (info.entry_name, info.config, fast[0], fast[1])
-                side = state.sides.get(key)
-                if side is None:  # a new signature: measure (the runners are built now)
-                    side = choose(
-                        state, info.entry_name,
-                        (type(info.original), self.training, info.config),
-                        module_runner(self, info.ours_forward),
-                        module_runner(info.original, type(info.original).forward,
-                                      lambda: sync_to_original(self, info.original,
-                                                               info.attrs)),
-                        args, kwargs, key)
-                info.sides[fast] = side
+                # the wrap-wide choice, measured for a new signature (once per module
+                # and signature: the runners are built for it)
+                side = info.sides[fast] = choose(
+                    state, info.entry_name, (type(info.original), self.training, info.config),
+                    module_runner(self, info.ours_forward),
+                    module_runner(info.original, type(info.original).forward,
+                                  lambda: sync_to_original(self, info.original, info.attrs)),
+                    args, kwargs, (info.entry_name, info.config, fast[0], fast[1]), stats,
+                    info.entry_name in RANDOM_MODULES and RANDOM_MODULES[info.entry_name](self))
             if side == "torch":
                 stats.chose_torch()
                 reason = CHOSE
