@@ -127,7 +127,12 @@ def profile_case(case, steps: int, clock) -> dict:
     torch_gemm = sum(e.self_cpu_time_total for e in tops if e.key in TORCH_GEMM) / 1e6
     ours_gemm = sum(s for (_, op), (s, _) in nodes.items() if op in GEMM_NODES)
     split = gemm_split(each)
+    from ortcpu_torch.graph import conv_infer
+
+    conv_grad = [(list(k[1][4:7]), list(k[1][:3]), v) for k, v in conv_infer.decisions().items()
+                 if k[0] == "ConvGrad"]
     return {
+        "conv_grad_choices": conv_grad,
         "case": case.name, "torch_ms": med["torch"] * 1e3, "ortmodule_ms": med["ortmodule"] * 1e3,
         "profiled_step_ms": step_s * 1e3, "graph_ms": graph_s * 1e3,
         "nodes": nodes, "each": each, "torch_top": [(e.key, e.count, e.self_cpu_time_total / 1e3)
@@ -176,6 +181,9 @@ def print_case(r: dict, top_nodes: int = 0) -> None:
             shapes = ", ".join("-" if x is None else "x".join(map(str, x)) or "()"
                                for x in shapes or ())
             print(f"     {part:<8} {node.op_type:<22} {s * 1e3:>8.3f}  {shapes}  {node.name}")
+    if r.get("conv_grad_choices"):
+        print("   ConvGrad measured choices (input dims, [N, C, M], kernel): " + "; ".join(
+            f"{'x'.join(map(str, d))} {ncm}: {v}" for d, ncm, v in r["conv_grad_choices"]))
     print(f"   torch top self-CPU ops (total {r['torch_profiled_ms']:.2f} ms under the profiler):")
     for key, count, ms in r["torch_top"]:
         print(f"     {key:<40} {count:>4} {ms:>8.3f}")

@@ -10,10 +10,19 @@
 - MatMul + Add of a constant bias over the last dim, Conv/Gemm/MatMul + Add/Sum of a
   residual of the output's shape computed earlier (ResNet's skip connections), and
   Conv/Gemm/MatMul + Relu: the add / activation runs in place on the producing kernel's
-  freshly allocated output (one allocation fewer).
+  freshly allocated output (one allocation fewer);
+- MatMul + Add of a fed or computed [n] bias over the last dim (a training graph's Linear:
+  its bias is a graph input), then optionally + Add of a residual of the output's shape (a
+  transformer's skip connection): the GEMM adds them through C (C = residual + bias written
+  once, beta 1). Measured on Intel at 1 thread, [2048, 256] x [256, 256]: 2.87 vs 3.34 ms
+  for GEMM, bias add and residual add; [2048, 256] x [256, 768] with its bias: 6.93 vs
+  7.01 ms;
+- Identity nodes that are not graph outputs are dropped (readers read the input): torch's
+  exporter writes Dropout(0) and clones as Identity, between a Linear and its residual Add.
 
 Every rewrite requires the intermediate to have exactly one consumer and not to be a graph
-output, and only constants (initializers, folded values) are rewritten.
+output, and only constants (initializers, folded values) or values that exist before the
+producer runs are read by a fused epilogue.
 """
 
 from __future__ import annotations
@@ -63,6 +72,7 @@ def apply_fusions(nodes, consts, graph, opsets, shapes=None):
     descriptions of what was fused)."""
     outputs = [o.name for o in graph.output]
     done: list[str] = []
+    nodes = _drop_identities(nodes, outputs, done)
     nodes = _fold_conv_bn(nodes, consts, outputs, done)
     nodes = _gelu_erf(nodes, consts, outputs, done, opsets)
     nodes = _matmul_scale(nodes, consts, outputs, done)
@@ -70,6 +80,34 @@ def apply_fusions(nodes, consts, graph, opsets, shapes=None):
     nodes = _epilogues(nodes, consts, outputs, done, shapes)
     nodes = _concat_in_place(nodes, consts, outputs, done, shapes or {}, opsets)
     return nodes, _summarize(done)
+
+
+def _drop_identities(nodes, outputs, done):
+    """Identity nodes whose output is not a graph output: their readers read the input
+    instead (torch's exporter writes Dropout(0) and clones as Identity; each one stood
+    between a producer and the Add the epilogues fuse). Graphs with subgraphs keep them
+    (a body may read the outer name)."""
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+           for n in nodes for a in n.attribute):
+        return nodes
+    out_set = set(outputs)
+    alias: dict[str, str] = {}
+    kept = []
+    for n in nodes:
+        if n.op_type == "Identity" and n.domain in _ONNX and len(n.input) == 1 and \
+                n.input[0] and len(n.output) == 1 and n.output[0] not in out_set:
+            alias[n.output[0]] = alias.get(n.input[0], n.input[0])
+            done.append("Identity dropped (its readers read its input)")
+            continue
+        if any(i in alias for i in n.input):
+            m = onnx.NodeProto()
+            m.CopyFrom(n)
+            for k, i in enumerate(m.input):
+                if i in alias:
+                    m.input[k] = alias[i]
+            n = m
+        kept.append(n)
+    return kept
 
 
 #: the domain of the executor's own nodes (fusion results no ONNX op expresses)
@@ -325,7 +363,8 @@ def _epilogues(nodes, consts, outputs, done, shapes=None):
                 continue
             cand = [(i, n.input[1 - k]) for k, i in enumerate(n.input) if i in prod]
             cand = [(i, o) for i, o in cand if o in consts or
-                    _residual_fits(i, o, n, prod, position, shapes)]
+                    _residual_fits(i, o, n, prod, position, shapes) or
+                    _fed_bias_fits(i, o, n, prod, position, shapes)]
             if not cand:
                 continue
             src, bias = cand[0]
@@ -336,8 +375,12 @@ def _epilogues(nodes, consts, outputs, done, shapes=None):
                 use.get(src) != 1 or id(p) in drop:
             continue
         p = replace.get(id(p), p)
-        if any(a.name == "ortcpu_epilogue" for a in p.attribute) and bias is not None:
-            continue  # at most: bias, then relu
+        prior = [x.decode() if isinstance(x, bytes) else x
+                 for x in _attr(p, "ortcpu_epilogue", []) or []]
+        if prior and bias is not None and not (
+                prior == ["add"] and p.op_type == "MatMul" and bias not in consts and
+                _residual_fits(src, bias, n, prod, position, shapes)):
+            continue  # at most: bias, then relu; or a MatMul's bias, then a residual
         if bias is not None and bias in consts and not _bias_fits(p, consts[bias]):
             continue
         if bias is not None and bias not in consts and prod.get(bias) is not None and \
@@ -363,7 +406,8 @@ def _epilogues(nodes, consts, outputs, done, shapes=None):
         prod[n.output[0]] = new
         position[n.output[0]] = position[src]
         drop.add(id(n))
-        what = "Add(bias)" if bias in consts else f"{n.op_type}(residual)" if bias else "Relu"
+        what = "Add(bias)" if bias in consts or (bias and len(shapes.get(bias) or ()) == 1) \
+            else f"{n.op_type}(residual)" if bias else "Relu"
         done.append(f"{p.op_type}+{what} in place")
     return [replace.get(id(n), n) for n in nodes if id(n) not in drop]
 
@@ -374,6 +418,18 @@ def _residual_fits(src, other, add, prod, position, shapes) -> bool:
     producer runs."""
     s, o, y = shapes.get(src), shapes.get(other), shapes.get(add.output[0])
     if s is None or s != o or s != y or any(not isinstance(d, int) for d in s):
+        return False
+    return other not in prod or position[other] < position[src]
+
+
+def _fed_bias_fits(src, other, add, prod, position, shapes) -> bool:
+    """``other`` is a computed or fed 1-D bias over the last dim of a MatMul's output
+    ``src`` (a training graph's Linear bias is a graph input, not a constant), existing
+    before the MatMul runs: the GEMM adds it (C prefilled, beta 1)."""
+    p = prod.get(src)
+    s, o, y = shapes.get(src), shapes.get(other), shapes.get(add.output[0])
+    if p is None or p.op_type != "MatMul" or s is None or o is None or s != y or \
+            len(o) != 1 or not s or not isinstance(s[-1], int) or o[0] != s[-1]:
         return False
     return other not in prod or position[other] < position[src]
 

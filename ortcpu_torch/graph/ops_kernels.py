@@ -230,8 +230,32 @@ def _matmul(ctx):
                 y.mul_(alpha)
         return y if c is None else y.add_(c)
 
+    def bias_residual(a, b, bias, res):
+        """a·b + bias + res (fusions.py: a Linear's bias, then a residual of the output's
+        shape): C = res + bias written once into Y, then the GEMM accumulates (beta 1)."""
+        n = b.shape[-1] if b.dim() == 2 else -1
+        small = packed is not None and b is packed.source and \
+            a.numel() <= P16_MAX_ROWS * packed.k  # (the pre-packed GEMM, then the add)
+        if not small and out_perm is None and alpha == 1.0 and b.dim() == 2 and a.dim() >= 2 and \
+                a.shape[-1] == b.shape[0] and bias.numel() == n and \
+                res.shape == (*a.shape[:-1], n) and a.dtype == b.dtype == bias.dtype == \
+                res.dtype and a.numel() and n:
+            a2 = (a if a.is_contiguous() else a.contiguous()).reshape(-1, a.shape[-1])
+            tb = not b.is_contiguous() and b.t().is_contiguous()
+            bt = b.t() if tb else b.contiguous()
+            y = empty((a2.shape[0], n), a.dtype)
+            torch.add(res.reshape(-1, n), bias.reshape(n), out=y)
+            check_status(native_fn("gemm_mt", a.dtype)(
+                0, int(tb), a2.shape[0], n, a2.shape[1], 1.0, ptr(a2), a2.shape[1], ptr(bt),
+                bt.shape[1], 1.0, ptr(y), n, get_num_threads()), "MatMul")
+            return y.reshape(res.shape)
+        return matmul_fn[0](a, b, bias).add_(res)
+
     def with_epilogue(steps):
-        """"add" (then "relu"): the addend goes into the GEMM (see ``matmul``)."""
+        """"add" (then "relu"): the addend goes into the GEMM (see ``matmul``); "add",
+        "add" (a bias, then a residual): ``bias_residual``."""
+        if steps == ["add", "add"]:
+            return bias_residual
         if not steps or steps[0] != "add" or steps[1:] not in ([], ["relu"]):
             return None
         fn = matmul_fn[0]

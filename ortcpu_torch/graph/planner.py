@@ -213,7 +213,8 @@ def _bind_all(nodes, opsets, consts, fed_names, shapes, types, outputs, folded):
         inplace = _inplace_variant(node, ctx, fresh, consumers, out_set, shapes)
         if inplace is not None:
             fn = inplace
-        if node.domain in ("", "ai.onnx") and node.op_type in _FRESH_OUTPUT:
+        if (node.op_type in _FRESH_OUTPUT and node.domain in ("", "ai.onnx")) or \
+                (node.op_type in _FRESH_OUTPUT_MS and node.domain == "com.microsoft"):
             fresh.update(o for o in node.output if o)
         if ctx.kind is not None and ctx.kind != entry.kind:
             entry = dataclasses.replace(entry, kind=ctx.kind)
@@ -226,29 +227,39 @@ _FRESH_OUTPUT = {"Add", "Sub", "Mul", "Div", "Relu", "Sigmoid", "Tanh", "MatMul"
                  "Conv", "Sum", "Softmax", "LogSoftmax", "Exp", "Erf", "Sqrt", "Pow",
                  "LayerNormalization", "AveragePool", "MaxPool", "GlobalAveragePool",
                  "Concat", "Gelu", "LeakyRelu"}
+# com.microsoft kernels whose outputs the registry always allocates (the gradient graph's
+# residual Adds read LayerNormalizationGrad's dX)
+_FRESH_OUTPUT_MS = {"LayerNormalizationGrad", "GeluGrad", "FastGeluGrad", "BiasGelu"}
 _INPLACE = {
     "Add": lambda a, b: a.add_(b), "Sub": lambda a, b: a.sub_(b),
     "Mul": lambda a, b: a.mul_(b), "Div": lambda a, b: a.div_(b),
 }
+# commutative: the second input may take the result instead
+_INPLACE_SECOND = {"Add": lambda a, b: b.add_(a), "Mul": lambda a, b: b.mul_(a)}
 
 
 def _inplace_variant(node, ctx, fresh, consumers, out_set, shapes):
-    """The in-place form of an elementwise node whose first input is a fresh intermediate
-    used only here, with the output's (static) shape and dtype; else None."""
+    """The in-place form of an elementwise node whose first input (for Add and Mul: or
+    second) is a fresh intermediate used only here, with the output's (static) shape and
+    dtype; else None."""
     if node.domain not in ("", "ai.onnx") or node.op_type not in _INPLACE:
         return None
-    x = node.input[0]
-    if x not in fresh or consumers.get(x) != 1 or x in out_set:
-        return None
-    sx, so = shapes.get(x), shapes.get(node.output[0])
-    if sx is None or so is None or sx != so or any(not isinstance(d, int) for d in sx):
-        return None
     dts = ctx.input_dtypes
-    if dts[0] is None or any(d != dts[0] for d in dts):
+    if len(node.input) != 2 or dts[0] is None or any(d != dts[0] for d in dts):
         return None
     if node.op_type == "Div" and not dts[0].is_floating_point:
         return None  # integer Div truncates (ONNX), div_ would not
-    return _INPLACE[node.op_type]
+    so = shapes.get(node.output[0])
+    for k, table in ((0, _INPLACE), (1, _INPLACE_SECOND)):
+        x = node.input[k]
+        if node.op_type not in table or x not in fresh or consumers.get(x) != 1 or \
+                x in out_set or (k == 1 and x == node.input[0]):
+            continue
+        sx = shapes.get(x)
+        if sx is None or so is None or sx != so or any(not isinstance(d, int) for d in sx):
+            continue
+        return table[node.op_type]
+    return None
 
 
 
@@ -260,16 +271,22 @@ def _with_epilogue(fn, steps):
     fused = fused(steps) if fused is not None else None
     if fused is not None:
         return fused
-    add, relu = "add" in steps, "relu" in steps
-    if add and relu:
+    n_add, relu = steps.count("add"), "relu" in steps
+    if n_add == 1 and relu:
         def run(*args):
             return fn(*args[:-1]).add_(args[-1]).relu_()
-    elif add:
+    elif n_add == 1:
         def run(*args):
             return fn(*args[:-1]).add_(args[-1])
-    else:
+    elif n_add == 0:
         def run(*args):
             return fn(*args).relu_()
+    else:  # several addends, in the order of the steps (the last arguments)
+        def run(*args):
+            y = fn(*args[:-n_add])
+            for addend in args[-n_add:]:
+                y = y.add_(addend)
+            return y.relu_() if relu else y
     return run
 
 

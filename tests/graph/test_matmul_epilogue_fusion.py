@@ -181,3 +181,83 @@ def test_encoder_block_fusions_reported():
     ex = sess.executor
     plan = ex.plan_for(ex.positional({"x": torch.from_numpy(x)}))
     assert any("MatMul+Transpose written transposed" in f for f in plan.fusions)
+
+
+def _linear_residual_model(elem, a_shape, k, n, identity, weight_t):
+    """x + Identity?(a @ W(^T) + bias), bias and x fed (a training graph's Linear and its
+    skip connection; torch's exporter writes Dropout(0) as Identity)."""
+    nodes = []
+    w_name = "w"
+    if weight_t:  # a Linear's [n, k] weight read through its Transpose (a view)
+        nodes.append(helper.make_node("Transpose", ["wt"], ["w"], perm=[1, 0]))
+    nodes += [helper.make_node("MatMul", ["a", w_name], ["mm"]),
+              helper.make_node("Add", ["mm", "bias"], ["lin"])]
+    if identity:
+        nodes.append(helper.make_node("Identity", ["lin"], ["drop"]))
+    nodes.append(helper.make_node("Add", ["r", "drop" if identity else "lin"], ["y"]))
+    out_shape = [*a_shape[:-1], n]
+    ins = [("a", a_shape), ("wt", [n, k]) if weight_t else ("w", [k, n]), ("bias", [n]),
+           ("r", out_shape)]
+    return _model(nodes, ins, "y", out_shape, [], elem)
+
+
+@pytest.mark.parametrize("elem", [TP.FLOAT, TP.DOUBLE])
+@pytest.mark.parametrize("a_shape,k,n", [([3, 5, 7], 7, 9), ([1, 1, 4], 4, 1), ([33, 17], 17, 3),
+                                         ([2, 3, 16], 16, 5)])
+@pytest.mark.parametrize("identity", [False, True])
+@pytest.mark.parametrize("weight_t", [False, True])
+def test_matmul_fed_bias_then_residual_in_gemm(elem, a_shape, k, n, identity, weight_t):
+    """A fed [n] bias and then a residual of the output's shape (Identity between them
+    dropped): one MatMul node, C = residual + bias, beta 1; the feeds are not written."""
+    t = _NP[elem]
+    rng = np.random.default_rng(7)
+    m = _linear_residual_model(elem, a_shape, k, n, identity, weight_t)
+    out_shape = [*a_shape[:-1], n]
+    feeds = {"a": rng.standard_normal(a_shape).astype(t),
+             "wt" if weight_t else "w": rng.standard_normal((n, k) if weight_t else
+                                                             (k, n)).astype(t),
+             "bias": rng.standard_normal(n).astype(t),
+             "r": rng.standard_normal(out_shape).astype(t)}
+    before = {k_: v.copy() for k_, v in feeds.items()}
+    got, want, plan = _run_both(m, feeds)
+    ops = [b.node.op_type for b in plan.bound]
+    assert ops == (["Transpose"] if weight_t else []) + ["MatMul"], ops
+    assert any("MatMul+Add(bias)" in f for f in plan.fusions), plan.fusions
+    assert any("MatMul+Add(residual)" in f for f in plan.fusions), plan.fusions
+    w = feeds["wt"].T if weight_t else feeds["w"]
+    ref = feeds["a"].astype(np.float64) @ w.astype(np.float64) + feeds["bias"] + feeds["r"]
+    tol = 1e-5 if elem == TP.FLOAT else 1e-12
+    np.testing.assert_allclose(got["y"].numpy(), ref, rtol=tol, atol=tol)
+    np.testing.assert_allclose(got["y"].numpy(), want["y"].numpy(), rtol=tol, atol=tol)
+    for k_, v in feeds.items():
+        np.testing.assert_array_equal(v, before[k_])
+
+
+def test_fed_bias_not_over_the_last_dim_stays_an_add():
+    """A fed 1-D addend that is not the output's last dim (it broadcasts into a bigger
+    result) is not a bias: the Add stays."""
+    rng = np.random.default_rng(8)
+    nodes = [helper.make_node("MatMul", ["a", "w"], ["mm"]),
+             helper.make_node("Add", ["mm", "b"], ["y"])]
+    m = _model(nodes, [("a", [4, 1]), ("w", [1, 1]), ("b", [3])], "y", [4, 3], [],
+               TP.FLOAT)
+    feeds = {"a": rng.standard_normal((4, 1)).astype(np.float32),
+             "w": rng.standard_normal((1, 1)).astype(np.float32),
+             "b": rng.standard_normal(3).astype(np.float32)}
+    got, want, plan = _run_both(m, feeds)
+    assert [b.node.op_type for b in plan.bound] == ["MatMul", "Add"]
+    np.testing.assert_allclose(got["y"].numpy(), want["y"].numpy(), rtol=1e-6)
+
+
+def test_identity_graph_output_kept_and_readers_rewired():
+    """An Identity whose output is a graph output stays; others are dropped and their
+    readers read the input (also through a chain of them)."""
+    nodes = [helper.make_node("Identity", ["x"], ["i1"]),
+             helper.make_node("Identity", ["i1"], ["i2"]),
+             helper.make_node("Relu", ["i2"], ["r"]),
+             helper.make_node("Identity", ["r"], ["y"])]
+    m = _model(nodes, [("x", [2, 3])], "y", [2, 3], [], TP.FLOAT)
+    x = np.random.default_rng(9).standard_normal((2, 3)).astype(np.float32)
+    got, want, plan = _run_both(m, {"x": x})
+    assert [b.node.op_type for b in plan.bound] == ["Relu", "Identity"]
+    np.testing.assert_array_equal(got["y"].numpy(), np.maximum(x, 0))

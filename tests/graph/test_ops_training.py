@@ -118,3 +118,80 @@ def test_maxpool_2x2_training_rewrite_matches_eager_with_ties_and_odd_sizes(tmp_
     saved = onnx.load(str(next(tmp_path.glob("*_training.onnx"))))
     assert {n.op_type for n in saved.graph.node} >= {"MaxPool", "MaxPoolGrad"}
     assert not any(n.domain == "ortcpu_torch.training" for n in saved.graph.node)
+
+
+def _conv_grad_plan_fn(inputs, attrs, outputs=("dx", "dw", "db")):
+    dt = inputs[0].dtype
+    names = ["dy", "x", "w"]
+    node = h.make_node("ConvGrad", names, list(outputs), domain="com.microsoft", **attrs)
+    vis = [h.make_tensor_value_info(n, ONNX_TYPE[dt], list(t.shape))
+           for n, t in zip(names, inputs, strict=True)]
+    graph = h.make_graph([node], "g", vis, [h.make_empty_tensor_value_info(o)
+                                            for o in outputs if o])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17),
+                                               h.make_opsetid("com.microsoft", 1)])
+    ex = Executor(model, check=False)
+    ex.run(dict(zip(names, inputs, strict=True)))
+    (plan,) = ex._plans.values()
+    return plan.bound[0].fn
+
+
+# (X shape, W shape, attributes): 1-D to 3-D, strides, groups, dilations, asymmetric and
+# end-only pads (torch's candidate only where the begin pads give the same grid), a batch
+# of one, odd sizes
+CONV_GRAD_GEOMETRIES = [
+    ((3, 4, 5, 4), (6, 4, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((2, 4, 7, 9), (4, 2, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2], "group": 2}),
+    ((1, 3, 6, 5), (5, 3, 2, 3), {"pads": [0, 1, 1, 1], "dilations": [2, 1]}),
+    ((2, 3, 9), (4, 3, 3), {"pads": [2, 2], "strides": [3]}),
+    ((2, 2, 4, 5, 3), (3, 2, 3, 3, 1), {"pads": [1, 1, 0, 1, 1, 0]}),
+    ((4, 1, 8, 8), (5, 1, 3, 3), {"pads": [1, 1, 1, 1]}),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("case", range(len(CONV_GRAD_GEOMETRIES)))
+def test_conv_grad_measured_candidates_agree(case, dtype):
+    """In "auto" mode ConvGrad is a measured choice between our kernel (as auto lowers it,
+    and through zero-padded planes) and torch's convolution backward: every candidate gives
+    the registry kernel's dX, dW, dB (float64: to rounding)."""
+    from ortcpu_torch.graph import conv_infer
+
+    xs, ws, attrs = CONV_GRAD_GEOMETRIES[case]
+    torch.manual_seed(case)
+    x, w = torch.randn(xs, dtype=dtype), torch.randn(ws, dtype=dtype)
+    y = kernels.Conv(x, w, **attrs)
+    dy = torch.randn(y.shape, dtype=dtype)
+    exp = kernels.ConvGrad(dy, x, w, **attrs)
+    before = conv_infer.get_mode()
+    conv_infer.set_mode("auto")
+    conv_infer.keep_candidates(True)
+    try:
+        fn = _conv_grad_plan_fn([dy, x, w], attrs)
+    finally:
+        conv_infer.set_mode(before)
+        conv_infer.keep_candidates(False)
+    cands = getattr(fn, "candidates", {"training": fn})
+    assert "training" in cands
+    # case 2: the end pads change the output grid, which torch's symmetric pads cannot
+    assert ("torch" in cands) == (case != 2), sorted(cands)
+    tol = {"rtol": 1e-10, "atol": 1e-10} if dtype == torch.float64 else \
+        {"rtol": 1e-4, "atol": 1e-4}
+    for name, run in cands.items():
+        got = run(dy, x, w)
+        assert len(got) == 3
+        for g, e in zip(got, exp, strict=True):
+            assert g.is_contiguous()
+            torch.testing.assert_close(g, e, **tol, msg=lambda m, n=name: f"{n}: {m}")
+    # the outputs the graph reads, only: dW alone
+    conv_infer.set_mode("auto")
+    conv_infer.keep_candidates(True)
+    try:
+        fn = _conv_grad_plan_fn([dy, x, w], attrs, outputs=("", "dw"))
+    finally:
+        conv_infer.set_mode(before)
+        conv_infer.keep_candidates(False)
+    for name, run in getattr(fn, "candidates", {"training": fn}).items():
+        got = run(dy, x, w)
+        assert got[0] is None, name
+        torch.testing.assert_close(got[1], exp[1], **tol)

@@ -16,7 +16,10 @@ compute kernel beyond the documented glue:
 
 Everything that is a model layer (GEMMs, convolutions, norms, softmax, activations, pooling,
 RNNs, embedding, losses) must run on our kernels: no ``aten::mm``, ``aten::convolution``,
-``aten::native_layer_norm``, ``aten::gelu``, ... in the trace.
+``aten::native_layer_norm``, ``aten::gelu``, ... in the trace. (These tests run in the
+graph conftest's single-kernel Conv mode; in the default "auto" mode a ConvGrad whose
+measured choice found torch's ``aten::convolution_backward`` faster runs that instead:
+graph/ops_training.py.)
 """
 
 from __future__ import annotations
