@@ -123,7 +123,7 @@ def measured_choice(key: tuple, candidates: dict):
     earlier for ``key`` in this process); a measured choice then drops the other
     candidates (``keep_candidates``). A mode other than "auto" picks by name and keeps
     them all."""
-    chosen: list = []
+    chosen: list = []  # [callable, its name] once decided
     keep = _KEEP[0]
 
     def run(*args):
@@ -131,15 +131,15 @@ def measured_choice(key: tuple, candidates: dict):
             mode = _MODE[0]
             if mode == "auto":
                 name = _DECIDED.get(key) or _pick(key, candidates, args)
-                chosen.append(candidates[name])
+                chosen[:] = [candidates[name], name]
                 if not keep:
                     for other in [o for o in candidates if o != name]:
                         del candidates[other]
             else:
                 if mode == "channels" and mode not in candidates:
                     mode = "packed"
-                chosen.append(candidates[mode if mode in candidates else
-                                         _pick(key, candidates, args)])
+                name = mode if mode in candidates else _pick(key, candidates, args)
+                chosen[:] = [candidates[name], name]
         return chosen[0](*args)
 
     def force(name):
@@ -147,11 +147,12 @@ def measured_choice(key: tuple, candidates: dict):
         if name not in candidates:
             raise KeyError(f"conv candidate {name!r} is not kept (have {sorted(candidates)}); "
                            "call conv_infer.keep_candidates(True) before the plan is bound")
-        chosen[:] = [candidates[name]]
+        chosen[:] = [candidates[name], name]
     run.__name__ = run.__qualname__ = "measured_choice"
     run.candidates = candidates
     run.force = force
     run.key = key
+    run.chosen_name = lambda: chosen[1] if chosen else None  # None until the first call
     return run
 
 

@@ -163,9 +163,15 @@ def _conv_grad(ctx):
     th = _torch_conv_grad(geom, shapes, need, n_out)
     if th is not None:
         cands["torch"] = th
-    run = cands["training"] if len(cands) == 1 else measured_choice(
-        ("ConvGrad", tuple(geom), dt, need, get_num_threads()), cands)
-    return run if n_out > 1 else (lambda *a: run(*a)[0])
+    if len(cands) == 1:
+        run = cands["training"]
+        return run if n_out > 1 else (lambda *a: run(*a)[0])
+    run = measured_choice(("ConvGrad", tuple(geom), dt, need, get_num_threads()), cands)
+    fn = run if n_out > 1 else (lambda *a: run(*a)[0])
+    # where the measured choice is torch's convolution backward, the plan's report counts
+    # this node on torch (Plan.counts)
+    fn.side = lambda: "torch" if run.chosen_name() == "torch" else "kernel"
+    return fn
 
 
 def _conv_algo_geom(shapes, dt, attrs, algo):

@@ -98,13 +98,16 @@ class Plan:
         return outs, [(b.node, t) for b, t in zip(self.bound, spent, strict=True)]
 
     def counts(self) -> dict[str, dict[str, int]]:
-        """op type -> {"kernel": n, "torch": n} over the bound (not folded) nodes."""
+        """op type -> {"kernel": n, "torch": n} over the bound (not folded) nodes; a node
+        whose binding decides its side at run time (``fn.side()``: a measured choice that
+        may be torch's op) counts where it ran."""
         out: dict[str, dict[str, int]] = {}
         for b in self.bound:
             key = b.node.op_type if b.node.domain in ("", "ai.onnx") else \
                 f"{b.node.domain}.{b.node.op_type}"
             c = out.setdefault(key, {"kernel": 0, "torch": 0})
-            c[b.kind] += 1
+            side = getattr(b.fn, "side", None)
+            c[side() if side is not None else b.kind] += 1
         return out
 
 

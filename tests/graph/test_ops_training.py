@@ -195,3 +195,27 @@ def test_conv_grad_measured_candidates_agree(case, dtype):
         got = run(dy, x, w)
         assert got[0] is None, name
         torch.testing.assert_close(got[1], exp[1], **tol)
+
+
+def test_conv_grad_measured_choice_reports_the_side_it_ran_on():
+    """A ConvGrad whose measured choice is torch's convolution backward is counted on
+    torch in the plan's report (Plan.counts reads ``fn.side()``); ours counts as kernel."""
+    from ortcpu_torch.graph import conv_infer
+
+    xs, ws, attrs = CONV_GRAD_GEOMETRIES[0]
+    x, w = torch.randn(xs), torch.randn(ws)
+    dy = torch.randn(kernels.Conv(x, w, **attrs).shape)
+    before = conv_infer.get_mode()
+    conv_infer.set_mode("auto")
+    conv_infer.keep_candidates(True)
+    try:
+        fn = _conv_grad_plan_fn([dy, x, w], attrs)
+    finally:
+        conv_infer.set_mode(before)
+        conv_infer.keep_candidates(False)
+    assert fn.side() == "kernel"  # not run yet: nothing decided
+    fn(dy, x, w)
+    fn.force("torch")
+    assert fn.side() == "torch" and fn.chosen_name() == "torch"
+    fn.force("training")
+    assert fn.side() == "kernel"
