@@ -168,3 +168,16 @@ def test_matmul_routed_and_unsupported_shapes_fall_back():
     assert funcs["Tensor.matmul"]["calls_ours"] == 1
     assert funcs["torch.matmul"]["calls_torch"] == 1
     assert funcs["torch.bmm"]["calls_ours"] == 1
+
+
+def test_bias_grad_column_sums_edges():
+    """Linear's bias gradient kernel (native gemm.inc): column sums vs float64 at block
+    edges (64 columns, 32-row groups), empty and size-1 shapes, both dtypes."""
+    from ortcpu_torch.kernels import gemm as KG
+
+    for dtype in (torch.float32, torch.float64):
+        for rows, cols in ((0, 5), (1, 1), (3, 0), (31, 63), (33, 64), (65, 65), (2048, 130)):
+            dy = torch.randn(rows, cols, dtype=dtype)
+            want = dy.double().sum(0).to(dtype)
+            tol = 1e-5 if dtype == torch.float32 else 1e-12
+            torch.testing.assert_close(KG.bias_grad(dy), want, rtol=tol, atol=tol * 10)

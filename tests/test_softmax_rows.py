@@ -78,3 +78,26 @@ def test_softmax_rows_spanning_the_underflow_threshold(spread):
             op = K.LogSoftmax if log else K.Softmax
             assert_close(op(x), _ref(x, log).float(), rtol=2e-6, atol=1e-44,
                          msg=f"n={n} log={log}")
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_softmax_causal_masked_rows(log):
+    """Causally masked attention scores (-inf above the diagonal, as masked_fill leaves
+    them), and vectors mixing masked lanes with lanes in the denormal band [-104, -87)
+    and below -104: masked entries are exactly 0 (log: -inf), the rest vs float64."""
+    op = K.LogSoftmax if log else K.Softmax
+    for n in (1, 7, 8, 33, 128, 131):
+        g = torch.Generator().manual_seed(n)
+        x = torch.randn(n, n, generator=g) * 3
+        x = x.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        got = op(x)
+        # log-softmax entries near 0 are differences of O(1) terms: absolute tolerance
+        assert_close(got, _ref(x, log).float(), rtol=2e-6, atol=1e-6 if log else 1e-44,
+                     msg=f"n={n}")
+        upper = torch.ones(n, n, dtype=torch.bool).triu(1)
+        assert bool((got[upper] == (float("-inf") if log else 0.0)).all())
+    x = torch.zeros(3, 40)
+    x[0, 1::3] = float("-inf")
+    x[1, 1::3], x[1, 2::3] = -95.0, float("-inf")         # denormal band + masked
+    x[2, 1::4], x[2, 2::4], x[2, 3::4] = -103.9, -104.5, -150.0  # around the -104 edge
+    assert_close(op(x), _ref(x, log).float(), rtol=2e-6, atol=1e-6 if log else 1e-44)

@@ -39,26 +39,37 @@ ort_exp_poly_avx2(__m256 a, __m256 *t_out)
 /* e^a for a <= 0 or NaN. a = n ln2 + r, |r| <= ln2/2; e^r by a degree-5 polynomial fitted
  * for this project (relative-error weighted least squares on Chebyshev nodes, p(0) = 1;
  * max relative error 1.7e-7 evaluated in float32, about 1.4 ulp); 2^n from the bits of
- * the rounding sum, one scale factor. Lanes below -87 (where 2^n is not a normal float)
- * take ort_exp_nonpos_scaled_f32's two-factor scaling, so results underflow gradually
- * to the denormals as everywhere else. A NaN a runs through into the result. */
-__attribute__((target("avx2,fma"))) static inline __m256 ort_exp_nonpos_scaled_avx2(__m256 a)
+ * the rounding sum, one scale factor. Vectors with lanes in [-104, -87) (where 2^n is
+ * not a normal float) take ort_exp_nonpos_scaled_f32's two-factor scaling, so results
+ * underflow gradually to the denormals as everywhere else. A NaN a runs through into the result. */
+__attribute__((target("avx2,fma"), always_inline)) static inline __m256
+ort_exp_nonpos_scaled_avx2(__m256 a)
 {
-    a = _mm256_max_ps(_mm256_set1_ps(-104.0f), a); /* constant first: a NaN a stays */
-    __m256 t, p = ort_exp_poly_avx2(a, &t);
-    __m256 n = _mm256_sub_ps(t, _mm256_set1_ps(12582912.0f));
-    if (!_mm256_movemask_ps(_mm256_cmp_ps(a, _mm256_set1_ps(-87.0f), _CMP_LT_OQ))) {
+    /* lanes below -104 (a masked score's -inf among them) are exactly 0: e^-104 is below
+     * half the smallest denormal, and the two-factor scaling rounds them to 0 too. They
+     * are zeroed by mask rather than computed: on Intel every multiply that produces (or
+     * reads) a denormal or underflows takes a ~150-cycle microcode assist, which made a
+     * causal-masked attention softmax 6x slower than an unmasked one (AMD has no such
+     * penalty). A NaN a compares false and runs through into the result. */
+    const __m256 dead = _mm256_cmp_ps(a, _mm256_set1_ps(-104.0f), _CMP_LT_OQ);
+    const __m256 low = _mm256_cmp_ps(a, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+    if (!_mm256_movemask_ps(_mm256_andnot_ps(dead, low))) {
+        /* every lane is >= -87 (the normal-range exp) or dead */
+        __m256 t, p = ort_exp_poly_avx2(_mm256_max_ps(_mm256_set1_ps(-87.0f), a), &t);
         /* t's bits are those of 1.5 * 2^23 plus n: the exponent field is n + 127 */
         __m256i e = _mm256_slli_epi32(
             _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_set1_epi32(0x4B400000 - 127)), 23);
-        return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+        return _mm256_andnot_ps(dead, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
     }
+    a = _mm256_max_ps(_mm256_set1_ps(-104.0f), a); /* constant first: a NaN a stays */
+    __m256 t, p = ort_exp_poly_avx2(a, &t);
+    __m256 n = _mm256_sub_ps(t, _mm256_set1_ps(12582912.0f));
     __m256i ni = _mm256_cvttps_epi32(n);
     __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
     const __m256i bias = _mm256_set1_epi32(127);
     __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
     __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
-    return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+    return _mm256_andnot_ps(dead, _mm256_mul_ps(_mm256_mul_ps(p, s1), s2));
 }
 
 __attribute__((target("avx2,fma"))) static inline double ort_sum8_pd(__m256 v)
