@@ -87,16 +87,21 @@ def copy_bandwidth(nthreads: int, reps: int = 15, copier: Copier | None = None) 
     return statistics.median(samples)
 
 
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo), else platform.processor()."""
+def _cpuinfo(field: str) -> str:
+    """The first ``field`` value of /proc/cpuinfo, or "" where it cannot be read."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.startswith(field):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor()
+    return ""
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else platform.processor()."""
+    return _cpuinfo("model name") or platform.processor()
 
 
 _ISA_NAMES = {"baseline": "baseline x86-64", "avx2": "AVX2", "avx512": "AVX-512"}
@@ -216,14 +221,7 @@ def wait_quiet(max_seconds: float, busy_limit: float = 0.03, window: int = 5) ->
 def cpu_vendor() -> str:
     """The CPU's vendor id from /proc/cpuinfo (``"GenuineIntel"``, ``"AuthenticAMD"``), or
     ``""`` where it cannot be read."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    return _cpuinfo("vendor_id")
 
 
 def machine_kind() -> str | None:

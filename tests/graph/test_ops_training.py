@@ -120,6 +120,20 @@ def test_maxpool_2x2_training_rewrite_matches_eager_with_ties_and_odd_sizes(tmp_
     assert not any(n.domain == "ortcpu_torch.training" for n in saved.graph.node)
 
 
+def _auto_conv_grad_fn(inputs, attrs, **kw):
+    """``_conv_grad_plan_fn`` bound in conv_infer's "auto" mode with every candidate kept."""
+    from ortcpu_torch.graph import conv_infer
+
+    before = conv_infer.get_mode()
+    conv_infer.set_mode("auto")
+    conv_infer.keep_candidates(True)
+    try:
+        return _conv_grad_plan_fn(inputs, attrs, **kw)
+    finally:
+        conv_infer.set_mode(before)
+        conv_infer.keep_candidates(False)
+
+
 def _conv_grad_plan_fn(inputs, attrs, outputs=("dx", "dw", "db")):
     dt = inputs[0].dtype
     names = ["dy", "x", "w"]
@@ -155,7 +169,6 @@ def test_conv_grad_measured_candidates_agree(case, dtype):
     """In "auto" mode ConvGrad is a measured choice between our kernel (as auto lowers it,
     and through zero-padded planes) and torch's convolution backward: every candidate gives
     the registry kernel's dX, dW, dB (float64: to rounding)."""
-    from ortcpu_torch.graph import conv_infer
 
     xs, ws, attrs = CONV_GRAD_GEOMETRIES[case]
     torch.manual_seed(case)
@@ -163,14 +176,7 @@ def test_conv_grad_measured_candidates_agree(case, dtype):
     y = kernels.Conv(x, w, **attrs)
     dy = torch.randn(y.shape, dtype=dtype)
     exp = kernels.ConvGrad(dy, x, w, **attrs)
-    before = conv_infer.get_mode()
-    conv_infer.set_mode("auto")
-    conv_infer.keep_candidates(True)
-    try:
-        fn = _conv_grad_plan_fn([dy, x, w], attrs)
-    finally:
-        conv_infer.set_mode(before)
-        conv_infer.keep_candidates(False)
+    fn = _auto_conv_grad_fn([dy, x, w], attrs)
     cands = getattr(fn, "candidates", {"training": fn})
     assert "training" in cands
     # case 2: the end pads change the output grid, which torch's symmetric pads cannot
@@ -184,13 +190,7 @@ def test_conv_grad_measured_candidates_agree(case, dtype):
             assert g.is_contiguous()
             torch.testing.assert_close(g, e, **tol, msg=lambda m, n=name: f"{n}: {m}")
     # the outputs the graph reads, only: dW alone
-    conv_infer.set_mode("auto")
-    conv_infer.keep_candidates(True)
-    try:
-        fn = _conv_grad_plan_fn([dy, x, w], attrs, outputs=("", "dw"))
-    finally:
-        conv_infer.set_mode(before)
-        conv_infer.keep_candidates(False)
+    fn = _auto_conv_grad_fn([dy, x, w], attrs, outputs=("", "dw"))
     for name, run in getattr(fn, "candidates", {"training": fn}).items():
         got = run(dy, x, w)
         assert got[0] is None, name
@@ -200,19 +200,11 @@ def test_conv_grad_measured_candidates_agree(case, dtype):
 def test_conv_grad_measured_choice_reports_the_side_it_ran_on():
     """A ConvGrad whose measured choice is torch's convolution backward is counted on
     torch in the plan's report (Plan.counts reads ``fn.side()``); ours counts as kernel."""
-    from ortcpu_torch.graph import conv_infer
 
     xs, ws, attrs = CONV_GRAD_GEOMETRIES[0]
     x, w = torch.randn(xs), torch.randn(ws)
     dy = torch.randn(kernels.Conv(x, w, **attrs).shape)
-    before = conv_infer.get_mode()
-    conv_infer.set_mode("auto")
-    conv_infer.keep_candidates(True)
-    try:
-        fn = _conv_grad_plan_fn([dy, x, w], attrs)
-    finally:
-        conv_infer.set_mode(before)
-        conv_infer.keep_candidates(False)
+    fn = _auto_conv_grad_fn([dy, x, w], attrs)
     assert fn.side() == "kernel"  # not run yet: nothing decided
     fn(dy, x, w)
     fn.force("torch")
