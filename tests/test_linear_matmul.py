@@ -171,13 +171,18 @@ def test_matmul_routed_and_unsupported_shapes_fall_back():
 
 
 def test_bias_grad_column_sums_edges():
-    """Linear's bias gradient kernel (native gemm.inc): column sums vs float64 at block
-    edges (64 columns, 32-row groups), empty and size-1 shapes, both dtypes."""
-    from ortcpu_torch.kernels import gemm as KG
+    """Linear's bias gradient, the axis sum (native tensor.inc): column sums vs float64 at
+    block edges (64 columns, 32-row groups), empty and size-1 shapes, both dtypes, and
+    with an outer dimension."""
+    from ortcpu_torch.kernels import tensor as KT
 
     for dtype in (torch.float32, torch.float64):
+        tol = 1e-5 if dtype == torch.float32 else 1e-12
         for rows, cols in ((0, 5), (1, 1), (3, 0), (31, 63), (33, 64), (65, 65), (2048, 130)):
             dy = torch.randn(rows, cols, dtype=dtype)
             want = dy.double().sum(0).to(dtype)
-            tol = 1e-5 if dtype == torch.float32 else 1e-12
-            torch.testing.assert_close(KG.bias_grad(dy), want, rtol=tol, atol=tol * 10)
+            torch.testing.assert_close(KT.sum_axis(dy, 0, keepdim=False), want, rtol=tol,
+                                       atol=tol * 10)
+        x = torch.randn(3, 70, 130, dtype=dtype)
+        torch.testing.assert_close(KT.sum_axis(x, 1), x.double().sum(1, keepdim=True).to(dtype),
+                                   rtol=tol, atol=tol * 10)

@@ -636,11 +636,6 @@ int ortcpu_gemm_mt_f32(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k
 int ortcpu_gemm_mt_f64(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
                        double alpha, const double *a, int64_t lda, const double *b,
                        int64_t ldb, double beta, double *c, int64_t ldc, int nthreads);
-/* bias_grad: db[j] = sum over rows of dy[i, j] (dy [rows, cols] contiguous; float32
- * accumulated in double), Linear's bias gradient. */
-int ortcpu_bias_grad_f32(const float *dy, float *db, int64_t rows, int64_t cols, int nthreads);
-int ortcpu_bias_grad_f64(const double *dy, double *db, int64_t rows, int64_t cols,
-                         int nthreads);
 int ortcpu_matmul_f32(const float *a, const float *b, float *c, int64_t batch,
                       const int64_t *a_off, const int64_t *b_off, int64_t m, int64_t n,
                       int64_t k, int64_t a_len, int64_t b_len, int nthreads);

@@ -298,12 +298,3 @@ class PackedWeight:
         check_status(st, op)
         return y
 
-
-def bias_grad(dy: torch.Tensor, op: str = "linear") -> torch.Tensor:
-    """Column sums of a contiguous 2-D float tensor ([rows, cols] -> [cols]; float32
-    accumulates in double): the bias gradient of Linear. Not a registry op."""
-    db = empty((dy.shape[1],), dy.dtype)
-    st = native_fn("bias_grad", dy.dtype)(ptr(dy), ptr(db), dy.shape[0], dy.shape[1],
-                                          get_num_threads())
-    check_status(st, op)
-    return db
