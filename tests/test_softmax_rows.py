@@ -101,3 +101,27 @@ def test_softmax_causal_masked_rows(log):
     x[1, 1::3], x[1, 2::3] = -95.0, float("-inf")         # denormal band + masked
     x[2, 1::4], x[2, 2::4], x[2, 3::4] = -103.9, -104.5, -150.0  # around the -104 edge
     assert_close(op(x), _ref(x, log).float(), rtol=2e-6, atol=1e-6 if log else 1e-44)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_grad_every_row_length(dtype):
+    """SoftmaxGrad_13 over contiguous rows (float32: the AVX2 row's sum(dY * Y) in 32 float
+    lanes flushed every 1024 elements, then its scalar tail) and the masked, scaled
+    attention gradient that shares that sum, both vs float64."""
+    from ortcpu_torch.kernels import activations as kact
+
+    tol = dict(rtol=1e-5, atol=1e-7) if dtype == torch.float32 else dict(rtol=1e-12,
+                                                                         atol=1e-14)
+    for n in LENGTHS:
+        g = torch.Generator().manual_seed(n)
+        y = torch.softmax(torch.randn(3, n, generator=g, dtype=torch.float64) * 3, -1)
+        dy = torch.randn(3, n, generator=g, dtype=torch.float64)
+        want = y * (dy - (dy * y).sum(-1, keepdim=True))
+        got = K.SoftmaxGrad_13(dy.to(dtype), y.to(dtype))
+        assert_close(got, want.to(dtype), **tol, msg=f"n={n}")
+        mask = torch.zeros(1, n, dtype=torch.uint8)
+        mask[0, ::3] = 1
+        got = kact.masked_softmax_grad_core("MaskedScaledSoftmaxGrad", dy.to(dtype),
+                                            y.to(dtype), mask, 1, 0.5)
+        assert_close(got, (0.5 * want).masked_fill(mask.bool(), 0.0).to(dtype), **tol,
+                     msg=f"masked n={n}")
