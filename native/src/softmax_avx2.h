@@ -119,10 +119,12 @@ ort_exp_nonpos_inrange_avx2(__m256 a)
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e)); /* a NaN p stays NaN */
 }
 
+/* (x and y may be the same row: every element is read before it is written, and the
+ * pointers are not restrict, so the masked attention softmax runs it in place) */
 /* sum of e = exp(x - m) over the row, e stored into y unless log_; `inrange` (the row's
  * max - min <= 87, known before) takes the exp without underflow handling */
 __attribute__((target("avx2,fma"), always_inline)) static inline double
-ort_softmax_sumexp_avx2(const float *restrict x, float *restrict y, int64_t n, float m,
+ort_softmax_sumexp_avx2(const float *x, float *y, int64_t n, float m,
                         int log_, int inrange)
 {
     const __m256 vm = _mm256_set1_ps(m);
@@ -157,7 +159,7 @@ ort_softmax_sumexp_avx2(const float *restrict x, float *restrict y, int64_t n, f
 }
 
 __attribute__((target("avx2,fma"))) static void
-ort_softmax_row_f32_avx2(const float *restrict x, float *restrict y, int64_t n, int log_)
+ort_softmax_row_f32_avx2(const float *x, float *y, int64_t n, int log_)
 {
     int64_t i = 0;
     __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
