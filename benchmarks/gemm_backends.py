@@ -110,6 +110,8 @@ def main(argv=None) -> None:
             a, b, c = _operands(ta, tb, m, n, k, batch)
             ours = _ours(ta, tb, m, n, k, batch, t, a, b, c)
             sides = {"openblas": [], "mkl": [], "torch": []}
+            if t > 1 and not batch:  # one GEMM on MKL's own threads, beside the slabs
+                sides["mkl_threaded"] = []
             torch_fn = _torch(ta, tb, batch, a, b, c)
             for _ in range(rounds):
                 for side in sides:
@@ -134,11 +136,16 @@ def main(argv=None) -> None:
                    "openblas_gflops": round(flops / med["openblas"] / 1e9, 1),
                    "mkl_gflops": round(flops / med["mkl"] / 1e9, 1),
                    "openblas_over_mkl": round(med["openblas"] / med["mkl"], 2),
+                   "mkl_threaded_over_mkl": round(med["mkl_threaded"] / med["mkl"], 2)
+                   if "mkl_threaded" in med else None,
                    "auto": pick}
             rows.append(row)
             print(f"{name:22s} {row['shape']:24s} t{t} openblas {row['openblas_us']:9.1f} us "
                   f"mkl {row['mkl_us']:9.1f} us torch {row['torch_us']:9.1f} us  "
-                  f"openblas/mkl {row['openblas_over_mkl']:.2f}  auto: {pick}", flush=True)
+                  f"openblas/mkl {row['openblas_over_mkl']:.2f}  "
+                  + (f"mkl threads {row['mkl_threaded_us']:9.1f} us (/slabs "
+                     f"{row['mkl_threaded_over_mkl']:.2f})  " if "mkl_threaded" in med else "")
+                  + f"auto: {pick}", flush=True)
     finally:
         blas.set_gemm_backend(saved)
     foreign = load.report()
@@ -146,11 +153,14 @@ def main(argv=None) -> None:
     md = [f"CPU: {info['cpu']}, {'AVX-512' if avx512 else 'AVX2, no AVX-512'}; "
           f"{args.threads} threads; other processes' share of the CPU during the run: "
           f"{foreign['foreign_share']:.0%}.", "",
-          "| GEMM | shape | threads | OpenBLAS µs | MKL µs | torch µs | OpenBLAS ÷ MKL | auto |",
-          "|---|---|---|---|---|---|---|---|"]
+          "| GEMM | shape | threads | OpenBLAS µs | MKL µs | MKL threads µs | torch µs | "
+          "OpenBLAS ÷ MKL | MKL threads ÷ MKL | auto |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         md.append(f"| {r['name']} | {r['shape']} | {r['threads']} | {r['openblas_us']} | "
-                  f"{r['mkl_us']} | {r['torch_us']} | {r['openblas_over_mkl']} | {r['auto']} |")
+                  f"{r['mkl_us']} | {r.get('mkl_threaded_us', '')} | {r['torch_us']} | "
+                  f"{r['openblas_over_mkl']} | {r['mkl_threaded_over_mkl'] or ''} | "
+                  f"{r['auto']} |")
     write_results("gemm_backends", {"machine": info, "avx512": avx512, "load": foreign,
                                     "rows": rows}, "\n".join(md) + "\n")
 

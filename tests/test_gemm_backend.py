@@ -20,7 +20,7 @@ from ortcpu_torch import kernels as K
 from ortcpu_torch._native import blas, ffi, lib, ptr
 
 HAVE_MKL = blas.mkl_available()["gemm"]
-BACKENDS = ["openblas", "auto"] + (["mkl"] if HAVE_MKL else [])
+BACKENDS = ["openblas", "auto"] + (["mkl", "mkl_threaded"] if HAVE_MKL else [])
 SIZES = [(1, 1, 1), (7, 13, 5), (65, 33, 129), (300, 257, 31), (0, 5, 3), (4, 0, 3),
          (5, 4, 0), (130, 70, 300)]
 
@@ -161,6 +161,11 @@ def test_auto_records_a_decision_per_class():
         assert blas.auto_choice(torch.float32, 96, 80, 72, threaded=False) in ("openblas", "mkl")
         # another bucket of m is another class, not decided yet
         assert blas.auto_choice(torch.float32, 200, 80, 72, threaded=False) is None
+        # a threaded class also times MKL on its own threads
+        c, ref, _ = _gemm(torch.float32, 0, 1, 512, 384, 256, 1.0, 0.0, 2)
+        assert (c.double() - ref).abs().max().item() < 1e-3
+        assert blas.auto_choice(torch.float32, 512, 384, 256, trans_b=True) in (
+            "openblas", "mkl", "mkl_threaded")
     finally:
         blas.set_gemm_backend(saved)
 

@@ -52,7 +52,9 @@ int ort_gemm_packed_f64(const ort_packed_b *pb, int64_t m, const double *a, int6
 void ort_gemm_unpack_b(ort_packed_b *pb);
 
 /* ---- backend selection (gemm_backend.c), used by gemm.inc ---- */
-enum { ORT_BE_OPENBLAS = 1, ORT_BE_MKL = 2 };
+/* ORT_BE_MKL_MT: MKL's own threading, one call over the class's threads (threaded,
+ * unpacked classes only; auto times it beside the slabs of the other two) */
+enum { ORT_BE_OPENBLAS = 1, ORT_BE_MKL = 2, ORT_BE_MKL_MT = 3 };
 
 /* Fortran-convention BLAS entry points of the MKL copy (column-major, by reference). */
 typedef void (*ort_fgemm_f32)(const char *ta, const char *tb, const int *m, const int *n,

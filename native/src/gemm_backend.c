@@ -49,12 +49,11 @@ int ortcpu_gemm_mkl_available(void)
 
 int ortcpu_gemm_set_backend(int backend)
 {
-    if (backend != ORTCPU_GEMM_AUTO && backend != ORTCPU_GEMM_OPENBLAS &&
-        backend != ORTCPU_GEMM_MKL)
+    if (backend < ORTCPU_GEMM_AUTO || backend > ORTCPU_GEMM_MKL_THREADED)
         return ort_fail(ORTCPU_E_INVALID_ARGUMENT,
-                        "gemm_set_backend: backend %d is not 0 (auto), 1 (openblas), 2 (mkl)",
-                        backend);
-    if (backend == ORTCPU_GEMM_MKL && !mkl_api.sgemm)
+                        "gemm_set_backend: backend %d is not 0 (auto), 1 (openblas), 2 (mkl), "
+                        "3 (mkl_threaded)", backend);
+    if (backend >= ORTCPU_GEMM_MKL && !mkl_api.sgemm)
         return ort_fail(ORTCPU_E_INVALID_ARGUMENT,
                         "gemm_set_backend: MKL is not bound (torch build without MKL?)");
     gemm_setting = backend;
@@ -122,10 +121,19 @@ static int mkl_has(int packed, int is_f64)
     return is_f64 ? mkl_api.dgemm != NULL : mkl_api.sgemm != NULL;
 }
 
+/* the "mkl" / "mkl_threaded" settings: MKL's own threads only for a threaded, unpacked
+ * class under "mkl_threaded" */
+static int forced_mkl(uint32_t cls, int packed)
+{
+    int threaded = (cls >> CLASS_THREADED_SHIFT) & 1;
+    return gemm_setting == ORTCPU_GEMM_MKL_THREADED && threaded && !packed ? ORT_BE_MKL_MT
+                                                                          : ORT_BE_MKL;
+}
+
 int ort_gemm_backend_known(uint32_t cls, int packed, int is_f64)
 {
     if (!mkl_has(packed, is_f64) || gemm_setting == ORTCPU_GEMM_OPENBLAS) return ORT_BE_OPENBLAS;
-    if (gemm_setting == ORTCPU_GEMM_MKL) return ORT_BE_MKL;
+    if (gemm_setting >= ORTCPU_GEMM_MKL) return forced_mkl(cls, packed);
     pthread_mutex_lock(&class_lock);
     int s = class_slot(cls, NULL), c = s < 0 ? 0 : class_choice[s];
     pthread_mutex_unlock(&class_lock);
@@ -141,34 +149,38 @@ static double now_seconds(int thread_cpu)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Best of TRIAL_ROUNDS alternating rounds per backend; each round repeats a small GEMM
- * up to ~TRIAL_FLOPS so the clock resolves it. Under load (other processes on the cores)
+/* Best of TRIAL_ROUNDS alternating rounds per backend (threaded unpacked classes: MKL's own
+ * threads too); each round repeats a small GEMM up to ~TRIAL_FLOPS so the clock resolves it. Under load (other processes on the cores)
  * the minimum is the least disturbed draw; single-threaded classes are timed in the
  * thread's CPU time, which preemption does not inflate. */
 #define TRIAL_ROUNDS 3
 #define TRIAL_FLOPS 4e6
-static int measure(double flops, int threaded, ort_gemm_trial_fn trial, void *ctx)
+static int measure(double flops, int threaded, int packed, ort_gemm_trial_fn trial, void *ctx)
 {
     int reps = flops >= TRIAL_FLOPS ? 1 : (int)(TRIAL_FLOPS / (flops > 1 ? flops : 1));
     if (reps > 64) reps = 64;
-    double best[3] = {1e300, 1e300, 1e300};
-    trial(ctx, ORT_BE_OPENBLAS); /* warm both: first-touch of scratch, MKL's buffers */
-    trial(ctx, ORT_BE_MKL);
+    int last = threaded && !packed ? ORT_BE_MKL_MT : ORT_BE_MKL;
+    double best[4] = {1e300, 1e300, 1e300, 1e300};
+    for (int be = ORT_BE_OPENBLAS; be <= last; be++)
+        trial(ctx, be); /* warm each: first-touch of scratch, MKL's buffers and threads */
     for (int r = 0; r < TRIAL_ROUNDS; r++)
-        for (int be = ORT_BE_OPENBLAS; be <= ORT_BE_MKL; be++) {
+        for (int be = ORT_BE_OPENBLAS; be <= last; be++) {
             double t0 = now_seconds(!threaded);
             for (int i = 0; i < reps; i++) trial(ctx, be);
             double dt = now_seconds(!threaded) - t0;
             if (dt < best[be]) best[be] = dt;
         }
-    return best[ORT_BE_MKL] < best[ORT_BE_OPENBLAS] ? ORT_BE_MKL : ORT_BE_OPENBLAS;
+    int pick = ORT_BE_OPENBLAS;
+    for (int be = ORT_BE_MKL; be <= last; be++)
+        if (best[be] < best[pick]) pick = be;
+    return pick;
 }
 
 int ort_gemm_backend_for(uint32_t cls, int packed, int is_f64, double flops,
                          ort_gemm_trial_fn trial, void *ctx)
 {
     if (!mkl_has(packed, is_f64) || gemm_setting == ORTCPU_GEMM_OPENBLAS) return ORT_BE_OPENBLAS;
-    if (gemm_setting == ORTCPU_GEMM_MKL) return ORT_BE_MKL;
+    if (gemm_setting >= ORTCPU_GEMM_MKL) return forced_mkl(cls, packed);
     pthread_mutex_lock(&class_lock);
     int mine = 0;
     int s = class_slot(cls, &mine), c = s < 0 ? ORT_BE_OPENBLAS : class_choice[s];
@@ -176,7 +188,7 @@ int ort_gemm_backend_for(uint32_t cls, int packed, int is_f64, double flops,
     /* another thread is timing this class: OpenBLAS meanwhile */
     if (!mine) return c == SLOT_MEASURING ? ORT_BE_OPENBLAS : c;
     int threaded = (cls >> CLASS_THREADED_SHIFT) & 1;
-    int be = trial ? measure(flops, threaded, trial, ctx) : ORT_BE_OPENBLAS;
+    int be = trial ? measure(flops, threaded, packed, trial, ctx) : ORT_BE_OPENBLAS;
     pthread_mutex_lock(&class_lock);
     class_choice[s] = (uint8_t)be;
     pthread_mutex_unlock(&class_lock);

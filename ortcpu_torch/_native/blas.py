@@ -9,9 +9,13 @@ OpenBLAS (``scipy-openblas32``) is always there as the fallback.
 
 - ``auto`` (default): the first GEMM of each shape class (dtype, transposes, powers of two
   of m, n and k, threaded or not, packed or not) is timed on both backends with its own
-  operands and the faster one is kept for that class (a few extra GEMMs once per class);
+  operands and the faster one is kept for that class (a few extra GEMMs once per class).
+  A multi-threaded GEMM runs as one single-threaded call per thread's slab of C; for
+  those classes auto also times MKL on its own threads (one call, one packed copy of the
+  operand the slabs would each pack): ``auto_choice`` then says ``"mkl_threaded"``;
 - ``openblas``: always OpenBLAS (what a torch build without MKL gets anyway);
-- ``mkl``: always MKL (an error if this torch has none).
+- ``mkl``: always MKL (an error if this torch has none), multi-threaded GEMMs as slabs;
+- ``mkl_threaded``: always MKL, multi-threaded GEMMs on MKL's own threads.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import torch
 from .loader import ffi, lib  # the build this process runs (ORTCPU_ISA)
 
 _NAMES = {"auto": lib.ORTCPU_GEMM_AUTO, "openblas": lib.ORTCPU_GEMM_OPENBLAS,
-          "mkl": lib.ORTCPU_GEMM_MKL}
+          "mkl": lib.ORTCPU_GEMM_MKL, "mkl_threaded": lib.ORTCPU_GEMM_MKL_THREADED}
 
 
 def _torch_cpu_library() -> str:
@@ -44,7 +48,8 @@ def mkl_available() -> dict:
 
 
 def set_gemm_backend(name: str) -> None:
-    """Select the GEMM backend: ``"auto"``, ``"openblas"`` or ``"mkl"`` (see module doc).
+    """Select the GEMM backend: ``"auto"``, ``"openblas"``, ``"mkl"`` or ``"mkl_threaded"``
+    (see module doc).
     Switching resets auto's per-class decisions."""
     if not isinstance(name, str) or name.lower() not in _NAMES:
         raise ValueError(f"GEMM backend must be one of {sorted(_NAMES)}, got {name!r}")
@@ -55,17 +60,19 @@ def set_gemm_backend(name: str) -> None:
 
 
 def get_gemm_backend() -> str:
-    """The current setting: ``"auto"``, ``"openblas"`` or ``"mkl"``."""
+    """The current setting: one of the names ``set_gemm_backend`` takes."""
     code = lib.ortcpu_gemm_get_backend()
     return next(k for k, v in _NAMES.items() if v == code)
 
 
 def auto_choice(dtype: torch.dtype, m: int, n: int, k: int, *, trans_a: bool = False,
                 trans_b: bool = False, threaded: bool = True, packed: bool = False) -> str | None:
-    """The backend ``auto`` settled on for a GEMM's shape class, None if not timed yet."""
+    """The backend ``auto`` settled on for a GEMM's shape class (``"openblas"``, ``"mkl"``
+    or, threaded classes only, ``"mkl_threaded"``), None if not timed yet."""
     code = lib.ortcpu_gemm_auto_choice(int(dtype == torch.float64), int(packed), int(trans_a),
                                        int(trans_b), m, n, k, int(threaded))
-    return {lib.ORTCPU_GEMM_OPENBLAS: "openblas", lib.ORTCPU_GEMM_MKL: "mkl"}.get(code)
+    return {lib.ORTCPU_GEMM_OPENBLAS: "openblas", lib.ORTCPU_GEMM_MKL: "mkl",
+            lib.ORTCPU_GEMM_MKL_THREADED: "mkl_threaded"}.get(code)
 
 
 def configure_from_environment() -> None:
@@ -74,6 +81,6 @@ def configure_from_environment() -> None:
     name = os.environ.get("ORTCPU_GEMM", "auto").strip() or "auto"
     if name.lower() not in _NAMES:
         raise ValueError(f"ORTCPU_GEMM must be one of {sorted(_NAMES)}, got {name!r}")
-    if name.lower() == "mkl" and not mkl_available()["gemm"]:
-        raise ValueError("ORTCPU_GEMM=mkl, but this torch build exports no MKL GEMM")
+    if name.lower() in ("mkl", "mkl_threaded") and not mkl_available()["gemm"]:
+        raise ValueError(f"ORTCPU_GEMM={name}, but this torch build exports no MKL GEMM")
     set_gemm_backend(name)
