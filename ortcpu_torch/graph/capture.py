@@ -16,8 +16,12 @@ initializers, no com.microsoft ops) for onnxruntime's InferenceSession.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
+import sys
 import time
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,6 +125,61 @@ class CapturedGraph:
         return pytree.tree_unflatten(list(values), self.out_spec) if self.out_spec else values
 
 
+class _Deferred(types.ModuleType):
+    """Stands in for a module that torch's export machinery imports but, at import time,
+    only names in annotations: networkx (~10 MB of RSS, ~300 modules), imported at the top
+    of torch._functorch's activation-checkpointing files, which aot_autograd (under
+    torch.export) pulls in; export itself never calls it. While ``_placeholder`` is set every
+    attribute is ``typing.Any``; afterwards the first real use imports the module and
+    forwards to it, so torch.compile's partitioner still gets real networkx."""
+
+    def __init__(self, name: str, spec):
+        super().__init__(name)
+        self.__spec__ = spec  # torch._dynamo's trace rules read it (find_spec)
+        self._placeholder = True
+
+    def __getattr__(self, attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        if self.__dict__["_placeholder"]:
+            from typing import Any
+
+            return Any
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+        value = getattr(importlib.import_module(self.__name__), attr)
+        setattr(self, attr, value)
+        return value
+
+
+_DEFERRED_IMPORTS = ("networkx",)
+_EXPORT_MODULE = "torch.export._trace"
+
+
+def _import_export_machinery() -> None:
+    """Import torch.export's tracing modules once, with :class:`_Deferred` stand-ins for
+    :data:`_DEFERRED_IMPORTS` (only for a module installed and not imported yet). If the
+    import fails with them, it is retried the ordinary way."""
+    if _EXPORT_MODULE in sys.modules:
+        return
+    stubs = {}
+    for name in _DEFERRED_IMPORTS:
+        spec = importlib.util.find_spec(name) if name not in sys.modules else None
+        if spec is not None:
+            stubs[name] = _Deferred(name, spec)
+    sys.modules.update(stubs)
+    try:
+        importlib.import_module(_EXPORT_MODULE)
+    except Exception:
+        pass  # retried below, with the real modules
+    finally:
+        for name, stub in stubs.items():
+            stub._placeholder = False
+            if sys.modules.get(name) is stub:
+                del sys.modules[name]
+    importlib.import_module(_EXPORT_MODULE)
+
+
 def decomposition_table() -> dict:
     table = torch.export.default_decompositions()
     for op in KEEP:
@@ -163,6 +222,7 @@ def capture(module: torch.nn.Module, args: Sequence = (), kwargs: dict | None = 
     was_training = module.training
     train = was_training if train is None else bool(train)
     timings = {}
+    _import_export_machinery()
     try:
         module.train(train)
         t0 = time.perf_counter()
