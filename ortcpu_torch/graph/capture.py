@@ -221,28 +221,61 @@ def capture(module: torch.nn.Module, args: Sequence = (), kwargs: dict | None = 
         args = (args,)
     was_training = module.training
     train = was_training if train is None else bool(train)
-    timings = {}
     _import_export_machinery()
+    lower = dict(train=train, standard_only=standard_only,
+                 params_as_initializers=params_as_initializers, check=check)
     try:
         module.train(train)
-        t0 = time.perf_counter()
+        try:
+            graph = _capture_once(module, args, kwargs, dynamic_shapes, lower,
+                                  stack_traces=False)
+        except _LoweringFailed:
+            # again with fx's per-node stack traces: the message names the source line
+            graph = _capture_once(module, args, kwargs, dynamic_shapes, lower,
+                                  stack_traces=True)
+    finally:
+        module.train(was_training)
+    return graph
+
+
+class _LoweringFailed(CaptureError):
+    """A node could not be lowered (captured without stack traces: no source line yet)."""
+
+
+def _capture_once(module, args, kwargs, dynamic_shapes, lower: dict, *,
+                  stack_traces: bool) -> CapturedGraph:
+    """export + decompose + lower. Without ``stack_traces`` fx records no per-node Python
+    stack: it formats the whole stack of every traced op, reading each source file on it
+    (torch's own included) into ``linecache``, ~3 MB of RSS for a small CNN that the
+    process keeps; only an error message needs it (``lowering.node_location``)."""
+    fx_config = torch.fx.config
+    quiet = not stack_traces and hasattr(fx_config, "do_not_emit_stack_traces")
+    saved = getattr(fx_config, "do_not_emit_stack_traces", None)
+    t0 = time.perf_counter()
+    try:
+        if quiet:
+            fx_config.do_not_emit_stack_traces = True
         try:
             ep = torch.export.export(module, tuple(args), kwargs, strict=False,
                                      dynamic_shapes=dynamic_shapes)
             t1 = time.perf_counter()
             ep = ep.run_decompositions(decomposition_table())
-        except Exception as e:  # torch raises many types; all mean "cannot capture"
-            msg = str(e).strip()
-            raise CaptureError(f"torch.export could not capture {type(module).__name__}: "
-                               f"{type(e).__name__}: {msg[:2000]}") from e
-        t2 = time.perf_counter()
-        graph = _lower_program(ep, module, train=train, standard_only=standard_only,
-                               params_as_initializers=params_as_initializers, check=check)
-        t3 = time.perf_counter()
-    finally:
-        module.train(was_training)
-    timings.update(export=t1 - t0, decompose=t2 - t1, lower=t3 - t2)
-    graph.timings = timings
+        finally:
+            if quiet:
+                fx_config.do_not_emit_stack_traces = saved
+    except Exception as e:  # torch raises many types; all mean "cannot capture"
+        msg = str(e).strip()
+        raise CaptureError(f"torch.export could not capture {type(module).__name__}: "
+                           f"{type(e).__name__}: {msg[:2000]}") from e
+    t2 = time.perf_counter()
+    try:
+        graph = _lower_program(ep, module, **lower)
+    except CaptureError as e:
+        if quiet:
+            raise _LoweringFailed(str(e)) from None
+        raise
+    graph.timings = {"export": t1 - t0, "decompose": t2 - t1,
+                     "lower": time.perf_counter() - t2}
     return graph
 
 
