@@ -16,8 +16,12 @@ initializers, no com.microsoft ops) for onnxruntime's InferenceSession.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
+import sys
 import time
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,6 +125,61 @@ class CapturedGraph:
         return pytree.tree_unflatten(list(values), self.out_spec) if self.out_spec else values
 
 
+class _Deferred(types.ModuleType):
+    """Stands in for a module that torch's export machinery imports but, at import time,
+    only names in annotations: networkx (~10 MB of RSS, ~300 modules), imported at the top
+    of torch._functorch's activation-checkpointing files, which aot_autograd (under
+    torch.export) pulls in; export itself never calls it. While ``_placeholder`` is set every
+    attribute is ``typing.Any``; afterwards the first real use imports the module and
+    forwards to it, so torch.compile's partitioner still gets real networkx."""
+
+    def __init__(self, name: str, spec):
+        super().__init__(name)
+        self.__spec__ = spec  # torch._dynamo's trace rules read it (find_spec)
+        self._placeholder = True
+
+    def __getattr__(self, attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        if self.__dict__["_placeholder"]:
+            from typing import Any
+
+            return Any
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+        value = getattr(importlib.import_module(self.__name__), attr)
+        setattr(self, attr, value)
+        return value
+
+
+_DEFERRED_IMPORTS = ("networkx",)
+_EXPORT_MODULE = "torch.export._trace"
+
+
+def _import_export_machinery() -> None:
+    """Import torch.export's tracing modules once, with :class:`_Deferred` stand-ins for
+    :data:`_DEFERRED_IMPORTS` (only for a module installed and not imported yet). If the
+    import fails with them, it is retried the ordinary way."""
+    if _EXPORT_MODULE in sys.modules:
+        return
+    stubs = {}
+    for name in _DEFERRED_IMPORTS:
+        spec = importlib.util.find_spec(name) if name not in sys.modules else None
+        if spec is not None:
+            stubs[name] = _Deferred(name, spec)
+    sys.modules.update(stubs)
+    try:
+        importlib.import_module(_EXPORT_MODULE)
+    except Exception:
+        pass  # retried below, with the real modules
+    finally:
+        for name, stub in stubs.items():
+            stub._placeholder = False
+            if sys.modules.get(name) is stub:
+                del sys.modules[name]
+    importlib.import_module(_EXPORT_MODULE)
+
+
 def decomposition_table() -> dict:
     table = torch.export.default_decompositions()
     for op in KEEP:
@@ -162,27 +221,61 @@ def capture(module: torch.nn.Module, args: Sequence = (), kwargs: dict | None = 
         args = (args,)
     was_training = module.training
     train = was_training if train is None else bool(train)
-    timings = {}
+    _import_export_machinery()
+    lower = dict(train=train, standard_only=standard_only,
+                 params_as_initializers=params_as_initializers, check=check)
     try:
         module.train(train)
-        t0 = time.perf_counter()
+        try:
+            graph = _capture_once(module, args, kwargs, dynamic_shapes, lower,
+                                  stack_traces=False)
+        except _LoweringFailed:
+            # again with fx's per-node stack traces: the message names the source line
+            graph = _capture_once(module, args, kwargs, dynamic_shapes, lower,
+                                  stack_traces=True)
+    finally:
+        module.train(was_training)
+    return graph
+
+
+class _LoweringFailed(CaptureError):
+    """A node could not be lowered (captured without stack traces: no source line yet)."""
+
+
+def _capture_once(module, args, kwargs, dynamic_shapes, lower: dict, *,
+                  stack_traces: bool) -> CapturedGraph:
+    """export + decompose + lower. Without ``stack_traces`` fx records no per-node Python
+    stack: it formats the whole stack of every traced op, reading each source file on it
+    (torch's own included) into ``linecache``, ~3 MB of RSS for a small CNN that the
+    process keeps; only an error message needs it (``lowering.node_location``)."""
+    fx_config = torch.fx.config
+    quiet = not stack_traces and hasattr(fx_config, "do_not_emit_stack_traces")
+    saved = getattr(fx_config, "do_not_emit_stack_traces", None)
+    t0 = time.perf_counter()
+    try:
+        if quiet:
+            fx_config.do_not_emit_stack_traces = True
         try:
             ep = torch.export.export(module, tuple(args), kwargs, strict=False,
                                      dynamic_shapes=dynamic_shapes)
             t1 = time.perf_counter()
             ep = ep.run_decompositions(decomposition_table())
-        except Exception as e:  # torch raises many types; all mean "cannot capture"
-            msg = str(e).strip()
-            raise CaptureError(f"torch.export could not capture {type(module).__name__}: "
-                               f"{type(e).__name__}: {msg[:2000]}") from e
-        t2 = time.perf_counter()
-        graph = _lower_program(ep, module, train=train, standard_only=standard_only,
-                               params_as_initializers=params_as_initializers, check=check)
-        t3 = time.perf_counter()
-    finally:
-        module.train(was_training)
-    timings.update(export=t1 - t0, decompose=t2 - t1, lower=t3 - t2)
-    graph.timings = timings
+        finally:
+            if quiet:
+                fx_config.do_not_emit_stack_traces = saved
+    except Exception as e:  # torch raises many types; all mean "cannot capture"
+        msg = str(e).strip()
+        raise CaptureError(f"torch.export could not capture {type(module).__name__}: "
+                           f"{type(e).__name__}: {msg[:2000]}") from e
+    t2 = time.perf_counter()
+    try:
+        graph = _lower_program(ep, module, **lower)
+    except CaptureError as e:
+        if quiet:
+            raise _LoweringFailed(str(e)) from None
+        raise
+    graph.timings = {"export": t1 - t0, "decompose": t2 - t1,
+                     "lower": time.perf_counter() - t2}
     return graph
 
 
