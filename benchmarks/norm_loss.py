@@ -67,6 +67,15 @@ def _ln_floor(x, dy):
 def cases(quick: bool):
     g = torch.Generator().manual_seed(0)
     rows = []
+    # the transformer of issue 18 (batch 16 x seq 128 x d 256): LayerNorm only
+    x = torch.randn(2048, 256, generator=g, requires_grad=True)
+    w = torch.randn(256, generator=g, requires_grad=True)
+    b = torch.randn(256, generator=g, requires_grad=True)
+    dy = torch.randn(2048, 256, generator=g)
+    rows.append(("layer_norm 2048x256", 1.15,
+                 _step(lambda x, w, b: ot.ops.layer_norm(x, (256,), w, b), (x, w, b), dy),
+                 _step(lambda x, w, b: F.layer_norm(x, (256,), w, b), (x, w, b), dy),
+                 _ln_floor(x, dy)))
     for r, c in [(8192, 768), (8192, 1024)]:
         x = torch.randn(r, c, generator=g, requires_grad=True)
         w = torch.randn(c, generator=g, requires_grad=True)

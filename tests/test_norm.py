@@ -268,3 +268,62 @@ def test_ops_bad_input_checked_once_per_signature_and_every_time_it_fails():
     x3 = torch.randn(5, 2, 4, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x, b: ot.ops.layer_norm(x, (2, 4), None, b),
                                     (x3, bb))
+
+
+@pytest.mark.parametrize("cols", [255, 256, 257, 511, 512, 513, 1041])
+@pytest.mark.parametrize("offset", [0.0, 300.0])
+def test_float32_wide_rows_vs_float64(cols, offset):
+    """float32 rows across the vector and block boundaries of the SIMD rows (16 lanes,
+    512-element blocks; masked tails), rows with a large mean (the variance and dX use
+    deviations from the row mean), and dscale / dbias summed over 300 rows (float
+    partial sums flushed into double every 32 rows): against float64 at the same float32
+    inputs, LayerNorm and RMSNorm."""
+    g = torch.Generator().manual_seed(cols)
+    x = (torch.randn(300, cols, generator=g) + offset).requires_grad_()
+    w = torch.randn(cols, generator=g).requires_grad_()
+    b = torch.randn(cols, generator=g).requires_grad_()
+    dy = torch.randn(300, cols, generator=g)
+    cases = [((x, w, b), lambda x, w, b: ot.ops.layer_norm(x, (cols,), w, b),
+              lambda x, w, b: F.layer_norm(x, (cols,), w, b)),
+             ((x,), lambda x: ot.ops.layer_norm(x, (cols,)),
+              lambda x: F.layer_norm(x, (cols,)))]
+    if offset == 0.0:  # RMSNorm of rows with a large mean is a different regime
+        cases.append(((x, w), lambda x, w: ot.ops.rms_norm(x, (cols,), w, 1e-6),
+                      lambda x, w: F.rms_norm(x, (cols,), w, 1e-6)))
+    for params, f_ours, f_ref in cases:
+        y = f_ours(*params)
+        g_ours = torch.autograd.grad(y, params, dy)
+        p64 = [p.detach().double().requires_grad_() for p in params]
+        y_ref = f_ref(*p64)
+        g_ref = torch.autograd.grad(y_ref, p64, dy.double())
+        # the row mean is kept in float32 (as the stashed Mean output): its rounding,
+        # up to half an ulp of the offset, shifts x̂ by that much (times the scale); the
+        # generic rows measured the same 7.0e-5 at offset 300 as the AVX-512 rows
+        wmax = float(w.detach().abs().max()) if len(params) > 1 else 1.0
+        assert_close(y, y_ref, rtol=1e-5, atol=2e-5 + 2.0 ** -23 * offset * wmax)
+        # the mean's rounding (above) moves dX by up to half an ulp of the offset (times
+        # the scale), and dscale, a sum of dy·x̂ over the rows, by that times sum |dy| per
+        # column (measured 1.1e-5 and 6.5e-4 at offset 300, in the generic rows as in the
+        # AVX-512 ones)
+        ulp = 2.0 ** -24 * offset
+        shift = (ulp * wmax, ulp * float(dy.abs().sum(0).max()))
+        for a, r in zip(g_ours, g_ref, strict=True):
+            scale = float(r.abs().max())
+            assert_close(a, r, rtol=1e-4, atol=2e-6 * max(scale, 1.0) + shift[a.dim() == 1])
+
+
+def test_float32_nonfinite_rows_isolated_in_backward():
+    """An inf or NaN in one row makes that row's y and dX NaN (and dscale / dbias, which
+    sum over rows), the other rows' dX stay finite: masked tails and the 16-lane vectors
+    of the SIMD rows included (width 37 = 2 vectors + a 5-lane tail)."""
+    for bad in (float("nan"), float("inf")):
+        x = torch.randn(6, 37)
+        x[2, 35] = bad  # in the tail
+        x[4, 3] = bad   # in the first vector
+        x.requires_grad_()
+        w = torch.randn(37, requires_grad=True)
+        y = ot.ops.layer_norm(x, (37,), w, None)
+        (dx,) = torch.autograd.grad(y, (x,), torch.randn(6, 37))
+        for r in (2, 4):
+            assert y[r].isnan().any() and dx[r].isnan().any()
+        assert torch.isfinite(y[[0, 1, 3, 5]]).all() and torch.isfinite(dx[[0, 1, 3, 5]]).all()
