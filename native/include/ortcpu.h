@@ -612,9 +612,7 @@ int ortcpu_global_pool_backward_f64(const double *dy, const double *x, double *d
  * fails, leaving OpenBLAS only, if it is not loaded or lacks them. mkl_available: bit 0
  * plain GEMM, bit 1 packed float32 GEMM. set_backend: auto times both backends on the
  * first GEMM of each shape class and keeps the faster. auto_choice: auto's decision for a
- * class (ORTCPU_GEMM_OPENBLAS / _MKL; _MKL_THREADED: a multi-threaded class on MKL's own
- * threads, one call, where auto measured that faster than one MKL call per thread's slab
- * of C; 0 not decided yet); auto_reset forgets them all. set_backend: any of the four
+ * class (ORTCPU_GEMM_OPENBLAS / _MKL; 0 not decided yet); auto_reset forgets them all. set_backend: any of the four
  * (MKL_THREADED: MKL, multi-threaded GEMMs on its own threads). */
 enum { ORTCPU_GEMM_AUTO = 0, ORTCPU_GEMM_OPENBLAS = 1, ORTCPU_GEMM_MKL = 2,
        ORTCPU_GEMM_MKL_THREADED = 3 };

@@ -149,31 +149,29 @@ static double now_seconds(int thread_cpu)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Best of TRIAL_ROUNDS alternating rounds per backend (threaded unpacked classes: MKL's own
- * threads too); each round repeats a small GEMM up to ~TRIAL_FLOPS so the clock resolves it. Under load (other processes on the cores)
+/* Best of TRIAL_ROUNDS alternating rounds per backend; each round repeats a small GEMM
+ * up to ~TRIAL_FLOPS so the clock resolves it. Under load (other processes on the cores)
  * the minimum is the least disturbed draw; single-threaded classes are timed in the
- * thread's CPU time, which preemption does not inflate. */
+ * thread's CPU time, which preemption does not inflate. MKL on its own threads is not a
+ * candidate (0.89-1.06x the slabs' time at the transformer's 2-thread shapes, a draw per
+ * shape on a shared machine); the "mkl_threaded" setting forces it. */
 #define TRIAL_ROUNDS 3
 #define TRIAL_FLOPS 4e6
-static int measure(double flops, int threaded, int packed, ort_gemm_trial_fn trial, void *ctx)
+static int measure(double flops, int threaded, ort_gemm_trial_fn trial, void *ctx)
 {
     int reps = flops >= TRIAL_FLOPS ? 1 : (int)(TRIAL_FLOPS / (flops > 1 ? flops : 1));
     if (reps > 64) reps = 64;
-    int last = threaded && !packed ? ORT_BE_MKL_MT : ORT_BE_MKL;
-    double best[4] = {1e300, 1e300, 1e300, 1e300};
-    for (int be = ORT_BE_OPENBLAS; be <= last; be++)
-        trial(ctx, be); /* warm each: first-touch of scratch, MKL's buffers and threads */
+    double best[3] = {1e300, 1e300, 1e300};
+    trial(ctx, ORT_BE_OPENBLAS); /* warm both: first-touch of scratch, MKL's buffers */
+    trial(ctx, ORT_BE_MKL);
     for (int r = 0; r < TRIAL_ROUNDS; r++)
-        for (int be = ORT_BE_OPENBLAS; be <= last; be++) {
+        for (int be = ORT_BE_OPENBLAS; be <= ORT_BE_MKL; be++) {
             double t0 = now_seconds(!threaded);
             for (int i = 0; i < reps; i++) trial(ctx, be);
             double dt = now_seconds(!threaded) - t0;
             if (dt < best[be]) best[be] = dt;
         }
-    int pick = ORT_BE_OPENBLAS;
-    for (int be = ORT_BE_MKL; be <= last; be++)
-        if (best[be] < best[pick]) pick = be;
-    return pick;
+    return best[ORT_BE_MKL] < best[ORT_BE_OPENBLAS] ? ORT_BE_MKL : ORT_BE_OPENBLAS;
 }
 
 int ort_gemm_backend_for(uint32_t cls, int packed, int is_f64, double flops,
@@ -188,7 +186,7 @@ int ort_gemm_backend_for(uint32_t cls, int packed, int is_f64, double flops,
     /* another thread is timing this class: OpenBLAS meanwhile */
     if (!mine) return c == SLOT_MEASURING ? ORT_BE_OPENBLAS : c;
     int threaded = (cls >> CLASS_THREADED_SHIFT) & 1;
-    int be = trial ? measure(flops, threaded, packed, trial, ctx) : ORT_BE_OPENBLAS;
+    int be = trial ? measure(flops, threaded, trial, ctx) : ORT_BE_OPENBLAS;
     pthread_mutex_lock(&class_lock);
     class_choice[s] = (uint8_t)be;
     pthread_mutex_unlock(&class_lock);

@@ -9,13 +9,13 @@ OpenBLAS (``scipy-openblas32``) is always there as the fallback.
 
 - ``auto`` (default): the first GEMM of each shape class (dtype, transposes, powers of two
   of m, n and k, threaded or not, packed or not) is timed on both backends with its own
-  operands and the faster one is kept for that class (a few extra GEMMs once per class).
-  A multi-threaded GEMM runs as one single-threaded call per thread's slab of C; for
-  those classes auto also times MKL on its own threads (one call, one packed copy of the
-  operand the slabs would each pack): ``auto_choice`` then says ``"mkl_threaded"``;
+  operands and the faster one is kept for that class (a few extra GEMMs once per class);
+  a multi-threaded GEMM runs as one single-threaded call per thread's slab of C;
 - ``openblas``: always OpenBLAS (what a torch build without MKL gets anyway);
 - ``mkl``: always MKL (an error if this torch has none), multi-threaded GEMMs as slabs;
-- ``mkl_threaded``: always MKL, multi-threaded GEMMs on MKL's own threads.
+- ``mkl_threaded``: always MKL, multi-threaded GEMMs as one call on MKL's own threads
+  (one packed copy of the operand each slab would pack; measured 0.89-1.06x the slabs'
+  time at the transformer's 2-thread shapes: ``python -m benchmarks.gemm_backends``).
 """
 
 from __future__ import annotations
@@ -67,12 +67,11 @@ def get_gemm_backend() -> str:
 
 def auto_choice(dtype: torch.dtype, m: int, n: int, k: int, *, trans_a: bool = False,
                 trans_b: bool = False, threaded: bool = True, packed: bool = False) -> str | None:
-    """The backend ``auto`` settled on for a GEMM's shape class (``"openblas"``, ``"mkl"``
-    or, threaded classes only, ``"mkl_threaded"``), None if not timed yet."""
+    """The backend ``auto`` settled on for a GEMM's shape class (``"openblas"`` or
+    ``"mkl"``), None if not timed yet."""
     code = lib.ortcpu_gemm_auto_choice(int(dtype == torch.float64), int(packed), int(trans_a),
                                        int(trans_b), m, n, k, int(threaded))
-    return {lib.ORTCPU_GEMM_OPENBLAS: "openblas", lib.ORTCPU_GEMM_MKL: "mkl",
-            lib.ORTCPU_GEMM_MKL_THREADED: "mkl_threaded"}.get(code)
+    return {lib.ORTCPU_GEMM_OPENBLAS: "openblas", lib.ORTCPU_GEMM_MKL: "mkl"}.get(code)
 
 
 def configure_from_environment() -> None:
