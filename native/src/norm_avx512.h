@@ -32,48 +32,17 @@ LN_TGT static inline __m512d ln_widen(__m512d acc, __m512 v)
     return _mm512_add_pd(acc, _mm512_add_pd(lo, hi));
 }
 
-/* sum over the row of x - m (sq = 0) or (x - m)^2 (sq = 1), in double */
-LN_TGT static inline double ln_sum_avx512(const float *x, int64_t n, float m, int sq)
-{
-    const __m512 vm = _mm512_set1_ps(m);
-    __m512d d = _mm512_setzero_pd();
-    int64_t i = 0;
-#define LN_TERM(v) (sq ? _mm512_mul_ps((v), (v)) : (v))
-    while (n - i >= 16) {
-        int64_t end = n - i > LN_BLK ? i + LN_BLK : n;
-        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-        for (; i + 32 <= end; i += 32) {
-            __m512 v0 = _mm512_sub_ps(_mm512_loadu_ps(x + i), vm);
-            __m512 v1 = _mm512_sub_ps(_mm512_loadu_ps(x + i + 16), vm);
-            a0 = _mm512_add_ps(a0, LN_TERM(v0));
-            a1 = _mm512_add_ps(a1, LN_TERM(v1));
-        }
-        if (i + 16 <= end) {
-            __m512 v0 = _mm512_sub_ps(_mm512_loadu_ps(x + i), vm);
-            a0 = _mm512_add_ps(a0, LN_TERM(v0));
-            i += 16;
-        }
-        d = ln_widen(d, _mm512_add_ps(a0, a1));
-    }
-    if (i < n) {
-        __mmask16 k = ln_mask(n - i);
-        __m512 v = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, x + i), vm);
-        d = ln_widen(d, LN_TERM(v));
-    }
-#undef LN_TERM
-    return _mm512_reduce_add_pd(d);
-}
-
-/* The four rows x + r * n (r < 4) at once: sums of x - m[r] (sq = 0) or (x - m[r])^2
- * (sq = 1) into out[r], each row as ln_sum_avx512 sums it but in one accumulator: four
- * independent chains, so a short row's reduction latency (~100 cycles: adds, widening,
- * the horizontal sum) overlaps three others instead of stalling on its own. */
-LN_TGT static inline void ln_sum4_avx512(const float *x, int64_t n, const float *m, int sq,
-                                         double *out)
+/* The rows x + r * n (r < nr <= 4) at once: sums of x - m[r] (sq = 0) or (x - m[r])^2
+ * (sq = 1) into out[r], in float lanes per LN_BLK block, each block's lanes widened into
+ * double. Four rows are four independent chains, so a short row's reduction latency
+ * (~100 cycles: adds, widening, the horizontal sum) overlaps three others instead of
+ * stalling on its own; the last rows of a range take nr < 4. */
+LN_TGT static inline void ln_sum_rows_avx512(const float *x, int64_t n, int nr, const float *m,
+                                             int sq, double *out)
 {
     __m512 vm[4];
     __m512d d[4];
-    for (int r = 0; r < 4; r++) {
+    for (int r = 0; r < nr; r++) {
         vm[r] = _mm512_set1_ps(m[r]);
         d[r] = _mm512_setzero_pd();
     }
@@ -82,23 +51,23 @@ LN_TGT static inline void ln_sum4_avx512(const float *x, int64_t n, const float 
     while (n - i >= 16) {
         int64_t end = n - i > LN_BLK ? i + LN_BLK : n;
         __m512 a[4];
-        for (int r = 0; r < 4; r++) a[r] = _mm512_setzero_ps();
+        for (int r = 0; r < nr; r++) a[r] = _mm512_setzero_ps();
         for (; i + 16 <= end; i += 16)
-            for (int r = 0; r < 4; r++) {
+            for (int r = 0; r < nr; r++) {
                 __m512 v = _mm512_sub_ps(_mm512_loadu_ps(x + r * n + i), vm[r]);
                 a[r] = _mm512_add_ps(a[r], LN_TERM(v));
             }
-        for (int r = 0; r < 4; r++) d[r] = ln_widen(d[r], a[r]);
+        for (int r = 0; r < nr; r++) d[r] = ln_widen(d[r], a[r]);
     }
     if (i < n) {
         __mmask16 k = ln_mask(n - i);
-        for (int r = 0; r < 4; r++) {
+        for (int r = 0; r < nr; r++) {
             __m512 v = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, x + r * n + i), vm[r]);
             d[r] = ln_widen(d[r], LN_TERM(v));
         }
     }
 #undef LN_TERM
-    for (int r = 0; r < 4; r++) out[r] = _mm512_reduce_add_pd(d[r]);
+    for (int r = 0; r < nr; r++) out[r] = _mm512_reduce_add_pd(d[r]);
 }
 
 /* y = (x - m) * it * scale + bias on one row; x, y are (n,), scale / bias (n,) or NULL */
@@ -144,30 +113,22 @@ LN_TGT static void ln_fwd_rows_avx512(const float *x, const float *scale, const 
                                       float *y, float *mean, float *inv, int64_t b, int64_t e,
                                       int64_t n, double eps, int simplified)
 {
-    int64_t r = b;
-    for (; r + 4 <= e; r += 4) {
+    for (int64_t r = b; r < e; r += 4) {
         const float *xr = x + r * n;
-        float m[4] = {0, 0, 0, 0}, it[4];
+        int nr = e - r < 4 ? (int)(e - r) : 4;
+        float m[4] = {0, 0, 0, 0};
         double s[4];
         if (!simplified) {
-            ln_sum4_avx512(xr, n, m, 0, s);
-            for (int j = 0; j < 4; j++) m[j] = (float)(s[j] / (double)n);
+            ln_sum_rows_avx512(xr, n, nr, m, 0, s);
+            for (int j = 0; j < nr; j++) m[j] = (float)(s[j] / (double)n);
         }
-        ln_sum4_avx512(xr, n, m, 1, s);
-        for (int j = 0; j < 4; j++) {
-            it[j] = ln_inv_std(s[j], n, eps);
-            ln_fwd_out_avx512(xr + j * n, scale, bias, y + (r + j) * n, n, m[j], it[j]);
+        ln_sum_rows_avx512(xr, n, nr, m, 1, s);
+        for (int j = 0; j < nr; j++) {
+            float it = ln_inv_std(s[j], n, eps);
+            ln_fwd_out_avx512(xr + j * n, scale, bias, y + (r + j) * n, n, m[j], it);
             if (mean && !simplified) mean[r + j] = m[j];
-            if (inv) inv[r + j] = it[j];
+            if (inv) inv[r + j] = it;
         }
-    }
-    for (; r < e; r++) {
-        const float *xr = x + r * n;
-        float m = simplified ? 0.0f : (float)(ln_sum_avx512(xr, n, 0.0f, 0) / (double)n);
-        float it = ln_inv_std(ln_sum_avx512(xr, n, m, 1), n, eps);
-        ln_fwd_out_avx512(xr, scale, bias, y + r * n, n, m, it);
-        if (mean && !simplified) mean[r] = m;
-        if (inv) inv[r] = it;
     }
 }
 

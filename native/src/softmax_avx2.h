@@ -119,10 +119,10 @@ ort_exp_nonpos_inrange_avx2(__m256 a)
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e)); /* a NaN p stays NaN */
 }
 
-/* (x and y may be the same row: every element is read before it is written, and the
- * pointers are not restrict, so the masked attention softmax runs it in place) */
 /* sum of e = exp(x - m) over the row, e stored into y unless log_; `inrange` (the row's
- * max - min <= 87, known before) takes the exp without underflow handling */
+ * max - min <= 87, known before) takes the exp without underflow handling. x and y may be
+ * the same row (every element is read before it is written; the pointers are not
+ * restrict): the masked attention softmax runs the row in place. */
 __attribute__((target("avx2,fma"), always_inline)) static inline double
 ort_softmax_sumexp_avx2(const float *x, float *y, int64_t n, float m,
                         int log_, int inrange)

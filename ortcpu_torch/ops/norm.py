@@ -9,6 +9,7 @@ from .._native import empty_like, ffi, native_fn
 from ..kernels._checks import (
     SignatureCache,
     check_status,
+    checked_signature,
     float_attr,
     float_check,
     get_num_threads,
@@ -37,10 +38,6 @@ def _param(op: str, name: str, t, shp):
     if t is not None and tuple(t.shape) != shp:
         raise ValueError(f"{op}: {name} must have shape {list(shp)}, got {list(t.shape)}")
     return t
-
-
-def _contig(t):
-    return t if t is None or t.is_contiguous() else t.contiguous()
 
 
 #: per dtype: the C pointer type and the two kernels (looked up once, not per call)
@@ -118,25 +115,19 @@ class _LayerNorm(torch.autograd.Function):
 _apply = super(torch.autograd.Function, _LayerNorm).apply
 _functorch_active = torch._C._are_functorch_transforms_active
 
+
+def _run(*args):
+    return (_LayerNorm.apply if _functorch_active() else _apply)(*args)
+
 _CHECKED = SignatureCache()
 
 
 def _checked(op: str, input, normalized_shape, weight, bias, eps) -> int:
     """The number of normalized dims, after the argument checks (run once per signature:
-    tensor kinds and shapes, ``normalized_shape``, ``eps``). The signature is what
-    ``checked_signature`` records, spelled out for these arguments: the generic loop
-    costs 10-70 us per call when the interpreter's data is out of cache (measured after a
-    2048x256 LayerNorm), a share of the call that ``select`` counts."""
-    shp = (normalized_shape,) if type(normalized_shape) is int else normalized_shape
-    try:
-        w, b = weight, bias
-        key = (op, type(input), input.shape, input.dtype, input.is_cpu, input.layout,
-               None if w is None else (type(w), w.shape, w.dtype, w.is_cpu, w.layout),
-               None if b is None else (type(b), b.shape, b.dtype, b.is_cpu, b.layout),
-               type(eps), eps, tuple(shp))
-        hash(key)
-    except (AttributeError, TypeError):
-        key = None
+    tensor kinds and shapes, ``normalized_shape``, ``eps``)."""
+    shp = (normalized_shape,) if isinstance(normalized_shape, int) else normalized_shape
+    key = checked_signature(op, input, weight, bias, eps, *shp) \
+        if isinstance(shp, (tuple, list, torch.Size)) else None
     if key in _CHECKED:
         return len(shp)
     shp = _shape(op, input, normalized_shape)
@@ -160,9 +151,7 @@ def layer_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | Non
     (one fused pass for dX, dweight and dbias)."""
     op = "layer_norm"
     nd = _checked(op, input, normalized_shape, weight, bias, eps)
-    if _functorch_active():
-        return _LayerNorm.apply(input, weight, bias, nd, float(eps), False, op)
-    return _apply(input, weight, bias, nd, float(eps), False, op)
+    return _run(input, weight, bias, nd, float(eps), False, op)
 
 
 def rms_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
@@ -175,6 +164,4 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | None 
             raise TypeError(f"{op}: input must be a torch.Tensor, got {type(input).__name__}")
         eps = torch.finfo(input.dtype).eps if input.dtype.is_floating_point else 0.0
     nd = _checked(op, input, normalized_shape, weight, None, eps)
-    if _functorch_active():
-        return _LayerNorm.apply(input, weight, None, nd, float(eps), True, op)
-    return _apply(input, weight, None, nd, float(eps), True, op)
+    return _run(input, weight, None, nd, float(eps), True, op)
