@@ -151,9 +151,14 @@ LN_OP double lnvd_sum(lnvd v)
  * (~100 cycles: adds, widening, the horizontal sum) overlaps three others instead of
  * stalling on its own; the last rows of a range take nr < 4. Inlined with a constant nr
  * (ln_sum_rows_simd): with a variable one GCC keeps a test per row and bookkeeping flags
- * in the inner loop. */
+ * in the inner loop. pf (sq = 1 only, or NULL): the next four rows, prefetched into L2
+ * line by line. Four rows read at once are four short streams that the hardware
+ * prefetcher does not run ahead of, as it does along the rows one at a time: without
+ * it, 2048 x 768 rows from memory took 1.2-1.6x as long as one row at a time (AVX2 build,
+ * AMD Zen 4), with it 1.0-1.1x; rows in cache take as long with or without it. */
 LN_TGT __attribute__((always_inline)) static inline void
-ln_sum_rows_nr(const float *x, int64_t n, int nr, const float *m, int sq, double *out)
+ln_sum_rows_nr(const float *x, int64_t n, int nr, const float *m, int sq, double *out,
+               const float *pf)
 {
     lnv vm[4];
     lnvd d[4];
@@ -169,6 +174,7 @@ ln_sum_rows_nr(const float *x, int64_t n, int nr, const float *m, int sq, double
         for (int r = 0; r < nr; r++) a[r] = lnv_zero();
         for (; i + LN_W <= end; i += LN_W)
             for (int r = 0; r < nr; r++) {
+                if (sq && pf) _mm_prefetch((const char *)(pf + r * n + i), _MM_HINT_T1);
                 lnv v = lnv_sub(lnv_load(x + r * n + i), vm[r]);
                 a[r] = lnv_add(a[r], LN_TERM(v));
             }
@@ -186,13 +192,16 @@ ln_sum_rows_nr(const float *x, int64_t n, int nr, const float *m, int sq, double
 }
 
 LN_TGT static void ln_sum_rows_simd(const float *x, int64_t n, int nr, const float *m, int sq,
-                                    double *out)
+                                    double *out, const float *pf)
 {
     switch (nr) {
-    case 1: ln_sum_rows_nr(x, n, 1, m, sq, out); break;
-    case 2: ln_sum_rows_nr(x, n, 2, m, sq, out); break;
-    case 3: ln_sum_rows_nr(x, n, 3, m, sq, out); break;
-    default: ln_sum_rows_nr(x, n, 4, m, sq, out); break;
+    case 1: ln_sum_rows_nr(x, n, 1, m, sq, out, NULL); break;
+    case 2: ln_sum_rows_nr(x, n, 2, m, sq, out, NULL); break;
+    case 3: ln_sum_rows_nr(x, n, 3, m, sq, out, NULL); break;
+    default:
+        if (pf) ln_sum_rows_nr(x, n, 4, m, sq, out, pf);
+        else ln_sum_rows_nr(x, n, 4, m, sq, out, NULL);
+        break;
     }
 }
 
@@ -243,11 +252,13 @@ LN_TGT static void ln_fwd_rows_simd(const float *x, const float *scale, const fl
         int nr = e - r < 4 ? (int)(e - r) : 4;
         float m[4] = {0, 0, 0, 0};
         double s[4];
+        /* the next group's rows, fetched into L2 during this group's last pass over x */
+        const float *pf = r + 8 <= e ? xr + 4 * n : NULL;
         if (!simplified) {
-            ln_sum_rows_simd(xr, n, nr, m, 0, s);
+            ln_sum_rows_simd(xr, n, nr, m, 0, s, NULL);
             for (int j = 0; j < nr; j++) m[j] = (float)(s[j] / (double)n);
         }
-        ln_sum_rows_simd(xr, n, nr, m, 1, s);
+        ln_sum_rows_simd(xr, n, nr, m, 1, s, pf);
         for (int j = 0; j < nr; j++) {
             float it = ln_inv_std(s[j], n, eps);
             ln_fwd_out_simd(xr + j * n, scale, bias, y + (r + j) * n, n, m[j], it);
