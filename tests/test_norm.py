@@ -11,12 +11,19 @@ over 8-64 rows). float64: 1e-10.
 
 from __future__ import annotations
 
+import ctypes
+import importlib
+import math
+import mmap
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import ortcpu_torch as ot
 from ortcpu_torch import kernels as K
+from ortcpu_torch._native import ffi, lib, loader
 
 from .conftest import assert_close, assert_unchanged, snapshot
 
@@ -270,46 +277,166 @@ def test_ops_bad_input_checked_once_per_signature_and_every_time_it_fails():
                                     (x3, bb))
 
 
-@pytest.mark.parametrize("cols", [255, 256, 257, 511, 512, 513, 1041])
+def _native_builds():
+    """The native library builds this CPU runs, by level name, lowest first (only the
+    loaded one under ORTCPU_NATIVE_LIB, the sanitizer build)."""
+    if os.environ.get("ORTCPU_NATIVE_LIB"):
+        return {loader.ISA: lib}
+    levels = loader.LEVELS[: loader.LEVELS.index(loader.CPU_ISA) + 1]
+    return {lv: importlib.import_module(f"ortcpu_torch._native.{loader.MODULES[lv]}").lib
+            for lv in levels}
+
+
+def _p(t):
+    return ffi.NULL if t is None else ffi.cast("void *", t.data_ptr())
+
+
+def _native_ln(lb, x, w, b, dy, eps, simplified, nthreads=2):
+    """y, mean, inv_std, dx, dscale, dbias of one native build's float32 LayerNorm (mode 0)
+    or RMSNorm (mode 1) rows; dscale / dbias requested when w / b are given."""
+    rows, cols = x.shape
+    p = _p
+    y, dx = torch.empty_like(x), torch.empty_like(x)
+    mean, inv = torch.empty(rows), torch.empty(rows)
+    ds = None if w is None else torch.empty(cols)
+    db = None if b is None else torch.empty(cols)
+    assert lb.ortcpu_layernorm_forward_f32(p(x), p(w), p(b), p(y), p(mean), p(inv), rows,
+                                           cols, eps, simplified, nthreads) == 0
+    assert lb.ortcpu_layernorm_backward_f32(p(dy), p(x), p(w), p(b), p(mean), p(inv), p(dx),
+                                            p(ds), p(db), rows, cols, simplified,
+                                            nthreads) == 0
+    return y, (mean if not simplified else None), inv, dx, ds, db
+
+
+def _assert_within(a, r, bound, msg):
+    err = (a.double() - r).abs()
+    worst = float((err / bound).max()) if err.numel() else 0.0
+    assert bool((err <= bound).all()), f"{msg}: max error / bound = {worst:.3g}"
+
+
+# every row length to 70 (the vector and its masked tail), then across the 16-lane
+# vectors and the 512-element blocks of the SIMD rows, and one row wide enough (>= 16384)
+# that its rows are split across two threads
+_ROW_COLS = [*range(1, 71), 127, 128, 129, 255, 256, 257, 511, 512, 513, 767, 768, 1041,
+             4099, 20000]
+
+
 @pytest.mark.parametrize("offset", [0.0, 300.0])
-def test_float32_wide_rows_vs_float64(cols, offset):
-    """float32 rows across the vector and block boundaries of the SIMD rows (16 lanes,
-    512-element blocks; masked tails), rows with a large mean (the variance and dX use
-    deviations from the row mean), and dscale / dbias summed over 300 rows (float
-    partial sums flushed into double every 32 rows): against float64 at the same float32
-    inputs, LayerNorm and RMSNorm."""
-    g = torch.Generator().manual_seed(cols)
-    x = (torch.randn(300, cols, generator=g) + offset).requires_grad_()
-    w = torch.randn(cols, generator=g).requires_grad_()
-    b = torch.randn(cols, generator=g).requires_grad_()
-    dy = torch.randn(300, cols, generator=g)
-    cases = [((x, w, b), lambda x, w, b: ot.ops.layer_norm(x, (cols,), w, b),
-              lambda x, w, b: F.layer_norm(x, (cols,), w, b)),
-             ((x,), lambda x: ot.ops.layer_norm(x, (cols,)),
-              lambda x: F.layer_norm(x, (cols,)))]
-    if offset == 0.0:  # RMSNorm of rows with a large mean is a different regime
-        cases.append(((x, w), lambda x, w: ot.ops.rms_norm(x, (cols,), w, 1e-6),
-                      lambda x, w: F.rms_norm(x, (cols,), w, 1e-6)))
-    for params, f_ours, f_ref in cases:
-        y = f_ours(*params)
-        g_ours = torch.autograd.grad(y, params, dy)
-        p64 = [p.detach().double().requires_grad_() for p in params]
-        y_ref = f_ref(*p64)
-        g_ref = torch.autograd.grad(y_ref, p64, dy.double())
-        # the row mean is kept in float32 (as the stashed Mean output): its rounding,
-        # up to half an ulp of the offset, shifts x̂ by that much (times the scale); the
-        # generic rows measured the same 7.0e-5 at offset 300 as the AVX-512 rows
-        wmax = float(w.detach().abs().max()) if len(params) > 1 else 1.0
-        assert_close(y, y_ref, rtol=1e-5, atol=2e-5 + 2.0 ** -23 * offset * wmax)
-        # the mean's rounding (above) moves dX by up to half an ulp of the offset (times
-        # the scale), and dscale, a sum of dy·x̂ over the rows, by that times sum |dy| per
-        # column (measured 1.1e-5 and 6.5e-4 at offset 300, in the generic rows as in the
-        # AVX-512 ones)
-        ulp = 2.0 ** -24 * offset
-        shift = (ulp * wmax, ulp * float(dy.abs().sum(0).max()))
-        for a, r in zip(g_ours, g_ref, strict=True):
-            scale = float(r.abs().max())
-            assert_close(a, r, rtol=1e-4, atol=2e-6 * max(scale, 1.0) + shift[a.dim() == 1])
+@pytest.mark.parametrize("cols", _ROW_COLS)
+def test_float32_rows_of_every_build_vs_float64(cols, offset):
+    """float32 LayerNorm / RMSNorm rows of every native build this CPU runs (the generic
+    rows of the baseline build, the SIMD rows of norm_simd.h in the AVX2 and AVX-512
+    builds), called directly, against float64 at the same float32 inputs: row counts that
+    leave 1, 2, 3 and 4 rows in the forward's last four-row group, rows with a large mean
+    (the variance and dX use deviations from the row mean), and dscale / dbias summed over
+    300 rows (float partial sums flushed into double every 32 rows). The AVX2 and AVX-512
+    SIMD rows are one algorithm on the same 16 lanes: their results must be bit-identical.
+
+    Bounds per row, from the float64 reference's mean m and 1/std s (u = 2^-24): the
+    float32 mean (stashed, as ORT's Mean output) is off by its rounding and its float-lane
+    sum's error, dm <= u (|m| + 4 mean|x|), which shifts x-hat by s dm; dX is a sum of
+    terms up to G = s max|g| (1 + max|x-hat|), g = dy * scale, so it carries a few u of G
+    (with n = 1, dX = 0 exactly and G is |g| / sqrt(eps) ~ 300 |g|) plus the mean's shift,
+    s dm G."""
+    builds = _native_builds()
+    rows_list = (1, 2, 3, 5, 8) if cols <= 70 else ((3, 300) if cols <= 4099 else (5,))
+    u = 2.0 ** -24
+    for rows in rows_list:
+        x = torch.randn(rows, cols) + offset
+        w, b, dy = torch.randn(cols), torch.randn(cols), torch.randn(rows, cols)
+        cases = [("LayerNorm", w, b, 1e-5, 0), ("LayerNorm no affine", None, None, 1e-5, 0)]
+        if offset == 0.0:  # RMSNorm of rows with a large mean is a different regime
+            cases.append(("RMSNorm", w, None, 1e-6, 1))
+        for name, cw, cb, eps, simplified in cases:
+            x64, dy64 = x.double(), dy.double()
+            p64 = [t.double().requires_grad_() for t in (x, cw, cb) if t is not None]
+            w64 = p64[1] if cw is not None else None
+            b64 = p64[-1] if cb is not None else None
+            if simplified:
+                y_ref = F.rms_norm(p64[0], (cols,), w64, eps)
+                m64 = torch.zeros(rows, 1, dtype=torch.float64)
+                s64 = (x64.square().mean(1, keepdim=True) + eps).rsqrt()
+            else:
+                y_ref = F.layer_norm(p64[0], (cols,), w64, b64, eps)
+                m64 = x64.mean(1, keepdim=True)
+                s64 = ((x64 - m64).square().mean(1, keepdim=True) + eps).rsqrt()
+            grads = torch.autograd.grad(y_ref, p64, dy64)
+            g_ref = dict(zip(("dx", "ds", "db")[: len(grads)], grads, strict=True))
+            xh = (x64 - m64) * s64
+            g = dy64 * (cw.double() if cw is not None else 1.0)
+            # x-hat's shift from the float32 mean: its rounding and its float-lane sum's
+            # error (relative to the sum of |x|)
+            shift = u * s64 * (m64.abs() + 4 * x64.abs().mean(1, keepdim=True))
+            big = s64 * g.abs().amax(1, keepdim=True) * (1 + xh.abs().amax(1, keepdim=True))
+            wmax = float(cw.abs().max()) if cw is not None else 1.0
+            # dscale / dbias: float partial sums over <= 32 rows (a few u of the sum of
+            # |terms|); measured worst (8 seeds): below 0.4 of every bound
+            bounds = {
+                "y": 2e-5 + 1e-5 * y_ref.detach().abs() + shift * wmax,
+                "dx": 4 * u * big + shift * big + 1e-4 * g_ref["dx"].abs(),
+                "ds": 40 * u * (dy64 * xh).abs().sum(0) + (dy64.abs() * shift).sum(0),
+                "db": 12 * u * dy64.abs().sum(0),
+            }
+            outs = {}
+            for lv, lb in builds.items():
+                y, mean, inv, dx, ds, db = _native_ln(lb, x, cw, cb, dy, eps, simplified)
+                outs[lv] = (y, mean, inv, dx, ds, db)
+                msg = f"{lv} {name} rows={rows} cols={cols} offset={offset}"
+                _assert_within(y, y_ref.detach(), bounds["y"], f"{msg} y")
+                _assert_within(dx, g_ref["dx"], bounds["dx"], f"{msg} dx")
+                if cw is not None:
+                    _assert_within(ds, g_ref["ds"], bounds["ds"], f"{msg} dscale")
+                if cb is not None:
+                    _assert_within(db, g_ref["db"], bounds["db"], f"{msg} dbias")
+            if "avx2" in outs and "avx512" in outs:
+                for i, (a2, a5) in enumerate(zip(outs["avx2"], outs["avx512"], strict=True)):
+                    assert (a2 is None and a5 is None) or torch.equal(a2, a5), \
+                        f"avx2 != avx512: output {i} of {name} rows={rows} cols={cols}"
+
+
+def _guarded(shape):
+    """A float32 tensor whose last element ends where an inaccessible page begins: a
+    kernel that reads or writes one float past it faults."""
+    page = mmap.PAGESIZE
+    n = math.prod(shape)
+    nbytes = -(-n * 4 // page) * page
+    m = mmap.mmap(-1, nbytes + page)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    assert libc.mprotect(base + nbytes, page, 0) == 0, ctypes.get_errno()  # PROT_NONE
+    t = torch.frombuffer(m, dtype=torch.float32, count=n, offset=nbytes - n * 4)
+    return t.view(shape)
+
+
+@pytest.mark.parametrize("cols", [1, 2, 7, 8, 9, 15, 16, 17, 31, 33, 255, 513])
+def test_float32_rows_never_read_or_write_past_the_end(cols):
+    """Every float32 input and output of the rows ends at an inaccessible page, in every
+    native build this CPU runs: the masked tails of the SIMD rows (AVX-512 masks, AVX2
+    vmaskmovps) touch nothing past n (a stray access faults)."""
+    for rows in (1, 3, 5):
+        x, dy, w, b = (_guarded(s) for s in ((rows, cols), (rows, cols), (cols,), (cols,)))
+        x.copy_(torch.randn(rows, cols) + 3)
+        dy.copy_(torch.randn(rows, cols))
+        w.copy_(torch.randn(cols))
+        b.copy_(torch.randn(cols))
+        want = _native_ln(lib, x.clone(), w.clone(), b.clone(), dy.clone(), 1e-5, 0)
+        for lv, lb in _native_builds().items():
+            for simplified in (0, 1):
+                cb = None if simplified else b
+                y, dx = _guarded((rows, cols)), _guarded((rows, cols))
+                mean, inv = _guarded((rows,)), _guarded((rows,))
+                ds, db = _guarded((cols,)), _guarded((cols,))
+                p = _p
+                assert lb.ortcpu_layernorm_forward_f32(p(x), p(w), p(cb), p(y), p(mean),
+                                                       p(inv), rows, cols, 1e-5,
+                                                       simplified, 1) == 0
+                assert lb.ortcpu_layernorm_backward_f32(
+                    p(dy), p(x), p(w), p(cb), p(mean), p(inv), p(dx), p(ds),
+                    p(None if simplified else db), rows, cols, simplified, 1) == 0
+                if not simplified and lv == loader.ISA:  # the same rows as in ordinary memory
+                    for a, r in zip((y, mean, inv, dx, ds, db), want, strict=True):
+                        assert torch.equal(a, r), (lv, rows, cols)
 
 
 def test_float32_nonfinite_rows_isolated_in_backward():
