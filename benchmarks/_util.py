@@ -53,6 +53,17 @@ def timed(fn, reps: int, warmup: int = 2) -> list[float]:
     return out
 
 
+def layernorm_buffers(rows: int, cols: int, generator: torch.Generator) -> dict:
+    """Inputs (x, w, b, dy: random) and outputs (y, dx [rows, cols]; mean, inv [rows]; ds,
+    db [cols]) of one float32 LayerNorm forward + backward, for the kernels' raw calls."""
+    x = torch.randn(rows, cols, generator=generator)
+    w, b = torch.randn(cols, generator=generator), torch.randn(cols, generator=generator)
+    dy = torch.randn(rows, cols, generator=generator)
+    return {"x": x, "w": w, "b": b, "dy": dy, "y": torch.empty_like(x),
+            "dx": torch.empty_like(x), "mean": torch.empty(rows), "inv": torch.empty(rows),
+            "ds": torch.empty(cols), "db": torch.empty(cols)}
+
+
 def quantiles(samples: list[float]) -> dict:
     """Median and quartiles (same unit as ``samples``)."""
     s = sorted(samples)

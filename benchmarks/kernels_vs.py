@@ -32,7 +32,7 @@ import torch
 from ortcpu_torch._native import lib, ptr
 from ortcpu_torch.kernels.activations import uint8_ptr
 
-from ._util import ForeignLoad, machine_info, set_threads, write_results
+from ._util import ForeignLoad, layernorm_buffers, machine_info, set_threads, write_results
 
 try:
     import onnx
@@ -150,12 +150,9 @@ def layernorm_cases(shapes):
     g = torch.Generator().manual_seed(2)
     nt = torch.get_num_threads()
     for r, c in shapes:
-        x = torch.randn(r, c, generator=g)
-        w, b = torch.randn(c, generator=g), torch.randn(c, generator=g)
-        dy = torch.randn(r, c, generator=g)
-        y, dx = torch.empty_like(x), torch.empty_like(x)
-        mean, inv = torch.empty(r), torch.empty(r)
-        ds, db = torch.empty(c), torch.empty(c)
+        t = layernorm_buffers(r, c, g)
+        x, w, b, dy, y, dx = (t[k] for k in ("x", "w", "b", "dy", "y", "dx"))
+        mean, inv, ds, db = (t[k] for k in ("mean", "inv", "ds", "db"))
         tm, tr = torch.empty(r, 1), torch.empty(r, 1)
         tdw, tdb = torch.empty(c), torch.empty(c)
         _check(lib.ortcpu_layernorm_forward_f32(ptr(x), ptr(w), ptr(b), ptr(y), ptr(mean),

@@ -26,6 +26,8 @@ import torch.nn.functional as F
 
 import ortcpu_torch._native  # noqa: F401  (loads OpenBLAS globally, which the builds link)
 
+from ._util import layernorm_buffers
+
 
 def load(path: str):
     """The cffi lib of the extension file ``path`` (imported under its own name from that
@@ -54,12 +56,9 @@ def main() -> None:
     for shape in a.shapes:
         rows, cols = map(int, shape.split("x"))
         g = torch.Generator().manual_seed(0)
-        x = torch.randn(rows, cols, generator=g)
-        w, b = torch.randn(cols, generator=g), torch.randn(cols, generator=g)
-        dy = torch.randn(rows, cols, generator=g)
-        y, dx = torch.empty_like(x), torch.empty_like(x)
-        mean, inv = torch.empty(rows), torch.empty(rows)
-        ds, db = torch.empty(cols), torch.empty(cols)
+        t = layernorm_buffers(rows, cols, g)
+        x, w, b, dy, y, dx = (t[k] for k in ("x", "w", "b", "dy", "y", "dx"))
+        mean, inv, ds, db = (t[k] for k in ("mean", "inv", "ds", "db"))
         calls = {}
         for key, (ffi, lb) in builds.items():
             def p(t, ffi=ffi):

@@ -111,7 +111,7 @@ def test_arena_outputs_are_not_4k_aliased_with_inputs():
     outs = [K.Sigmoid(x) for _ in range(6)]
     for y in outs:
         assert 1024 <= y.data_ptr() % 4096 <= 4096 - 512
-    for a, b in zip(outs, outs[1:]):  # an op on an arena output into the next block
+    for a, b in zip(outs[:-1], outs[1:], strict=True):  # an op on an arena output, next block
         assert 512 <= _gap(a, b) <= 4096 - 512
     for y in outs:
         assert torch.equal(y, outs[0])
