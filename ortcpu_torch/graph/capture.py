@@ -231,11 +231,15 @@ def decompose(ep):
     except ImportError:
         _decompose_exported_program = None
     tables = _split_tables() if _decompose_exported_program is not None else None
-    if tables is None:
-        return ep.run_decompositions(decomposition_table())
-    return _decompose_exported_program(ep, cia_to_decomp=tables[0],
-                                       python_decomp_table=tables[1], joint_loss_index=None,
-                                       decompose_custom_triton_ops=False)
+    if tables is not None:
+        try:
+            return _decompose_exported_program(
+                ep, cia_to_decomp=tables[0], python_decomp_table=tables[1],
+                joint_loss_index=None, decompose_custom_triton_ops=False)
+        except TypeError as e:  # a torch whose private signature differs: the public path
+            if "_decompose_exported_program" not in str(e) and "argument" not in str(e):
+                raise
+    return ep.run_decompositions(decomposition_table())
 
 
 def _value_info(name: str, val) -> onnx.ValueInfoProto | None:
