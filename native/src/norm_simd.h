@@ -259,11 +259,14 @@ LN_TGT static void ln_fwd_rows_simd(const float *x, const float *scale, const fl
             for (int j = 0; j < nr; j++) m[j] = (float)(s[j] / (double)n);
         }
         ln_sum_rows_simd(xr, n, nr, m, 1, s, pf);
+        /* the rows' divide-sqrt-divide chains (~50 cycles each) side by side, before the
+         * output passes: interleaved with them, each short row's pass waited for its own */
+        float it[4];
+        for (int j = 0; j < nr; j++) it[j] = ln_inv_std(s[j], n, eps);
         for (int j = 0; j < nr; j++) {
-            float it = ln_inv_std(s[j], n, eps);
-            ln_fwd_out_simd(xr + j * n, scale, bias, y + (r + j) * n, n, m[j], it);
+            ln_fwd_out_simd(xr + j * n, scale, bias, y + (r + j) * n, n, m[j], it[j]);
             if (mean && !simplified) mean[r + j] = m[j];
-            if (inv) inv[r + j] = it;
+            if (inv) inv[r + j] = it[j];
         }
     }
 }
