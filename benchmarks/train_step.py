@@ -1,6 +1,7 @@
 """Full training step, wrapped vs torch eager: zero_grad + forward + backward + optimizer step.
 
-    python -m benchmarks.train_step [--quick] [--threads 2] [--profile] [--wait-quiet S] [case ...]
+    python -m benchmarks.train_step [--quick] [--threads 2] [--procs 3] [--profile]
+                                    [--wait-quiet S] [case ...]
 
 Each case builds one model twice from the same seed. ``torch``: the plain model with
 ``torch.optim.AdamW(fused=True)``. ``ours``: the same model and optimizer passed through
@@ -30,6 +31,13 @@ Cases:
   GELU + maxpool, fc 256-128-10, Dropout(0)) on 1x8x8 images, batch 64, where eager
   per-op overhead dominates.
 
+The whole measurement runs in ``--procs`` fresh processes (default 3) and each number is
+the median over them, with the range of each ratio: each process gets its own physical
+pages, and on the 2-core VMs here torch's own GEMM steps ran 16-18 ms in some processes
+and 25-27 ms in others (Linear 256->768 forward + backward, nothing of ours imported), so
+the ratio of one process is one draw. The placement lists are the first process's
+(``select``'s choices can differ between processes).
+
 ``--profile`` adds torch.profiler's top operators (self CPU time) of one ours step: where
 the remaining time goes. Writes ``benchmarks/results/train_step.{json,md}`` (``--quick``
 or a case filter: ``train_step_partial.{json,md}``, not committed).
@@ -40,6 +48,7 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
+import json
 import math
 import os
 import sys
@@ -58,8 +67,10 @@ from ._util import (
     ForeignLoad,
     isa_line,
     machine_info,
+    median_over_processes,
     openmp_runtimes,
     quantiles,
+    rows_from_processes,
     set_threads,
     wait_quiet,
     write_results,
@@ -327,12 +338,20 @@ def run_case(case: Case, threads: int, rounds: int, reps: int, warmup: int,
 # ---- reporting ------------------------------------------------------------------------
 
 
+def _range(r: dict, ratio: str) -> str:
+    """`` [lo-hi]``: the range of a ratio over the processes (empty for one process)."""
+    if r.get("processes", 1) < 2:
+        return ""
+    return f" [{r[ratio + '_lo']:.2f}-{r[ratio + '_hi']:.2f}]"
+
+
 def _line(r: dict) -> str:
     return (f"{r['case']:<12} {r['threads']:>3}  {r['ours_ms']:>9.1f}  {r['torch_ms']:>9.1f}  "
-            f"{r['ratio']:>6.2f}x  (pairwise {r['pair_ratio_median']:.2f}x, "
+            f"{r['ratio']:>6.2f}x{_range(r, 'ratio')}  (pairwise {r['pair_ratio_median']:.2f}x, "
             f"{r['steps']} steps, max |loss diff| {r['max_loss_diff']:.1e})\n"
             f"{'  ortmodule':<12} {r['threads']:>3}  {r['ortmodule_ms']:>9.1f}  "
-            f"{r['torch_ms']:>9.1f}  {r['ortmodule_ratio']:>6.2f}x  (pairwise "
+            f"{r['torch_ms']:>9.1f}  {r['ortmodule_ratio']:>6.2f}x"
+            f"{_range(r, 'ortmodule_ratio')}  (pairwise "
             f"{r['ortmodule_pair_ratio_median']:.2f}x, max |loss diff| "
             f"{r['ortmodule_max_loss_diff']:.1e}, capture+plan {r['capture_s']:.2f} s"
             f"{'' if r['ortmodule_graph_wide'] else ', FELL BACK to eager'})")
@@ -348,7 +367,9 @@ def markdown(result: dict) -> str:
         "Full training step (zero_grad + forward + backward + optimizer step), float32: "
         "`ortcpu_torch.optimize(model, AdamW(fused=True))` vs torch eager + "
         f"`AdamW(fused=True)`; median of {result['rounds'] * result['reps']} alternating "
-        f"steps per side after {result['warmup']} warm-up steps; {m['cpu']}, {m['cpus']} "
+        f"steps per side after {result['warmup']} warm-up steps in each of "
+        f"{result.get('processes', 1)} fresh process(es), then the median over the "
+        f"processes (ratios: their range in brackets); {m['cpu']}, {m['cpus']} "
         f"CPUs, torch {m['torch']}, commit {m['commit'] or '?'}, {m['date']}. Other "
         f"processes used {100 * fl['foreign_share']:.0f}% of the machine's CPU time"
         + (" — **busy machine: unreliable**." if fl["foreign_share"] > NOISY_SHARE else "."),
@@ -362,9 +383,10 @@ def markdown(result: dict) -> str:
         to = ORTMODULE_TARGETS.get(r["case"])
         fb = "" if r["ortmodule_graph_wide"] else " (fell back)"
         lines.append(f"| {r['case']} | {r['threads']} | {r['ours_ms']:.1f} | "
-                     f"{r['torch_ms']:.1f} | {r['ratio']:.2f}x | "
+                     f"{r['torch_ms']:.1f} | {r['ratio']:.2f}x{_range(r, 'ratio')} | "
                      f"{f'≥ {t}x' if t and r['threads'] == 2 else ''} | "
-                     f"{r['ortmodule_ms']:.1f}{fb} | {r['ortmodule_ratio']:.2f}x | "
+                     f"{r['ortmodule_ms']:.1f}{fb} | {r['ortmodule_ratio']:.2f}x"
+                     f"{_range(r, 'ortmodule_ratio')} | "
                      f"{f'≥ {to}x' if to and r['threads'] == 2 else ''} | "
                      f"{r['capture_s']:.2f} |")
     lines.append("")
@@ -372,6 +394,10 @@ def markdown(result: dict) -> str:
         lines.append("Peak RSS, fresh process per side (MB; whole run incl. imports and "
                      "ORTModule's capture / peak of the steps after 2 warm-up steps): "
                      + "; ".join(_rss_text(c, v) for c, v in result["rss"].items()) + ".")
+        lines.append("")
+    if result.get("processes", 1) > 1:
+        lines.append("Placement (the first process's; select's timed choices can differ "
+                     "between processes):")
         lines.append("")
     for r in result["rows"]:
         lines.append(f"- {r['case']} ({r['shape']}), {r['threads']} thr: on our kernels: "
@@ -450,6 +476,27 @@ def _rss_text(case: str, v: dict) -> str:
             f"{v['ortmodule_steps']:.0f} ({v['ortmodule_steps'] / v['torch_steps']:.2f}x)")
 
 
+def _rows_in_processes(args) -> list[dict]:
+    """run_case's rows measured in ``args.procs`` fresh processes: per case and thread count
+    the medians over the processes, with the range of each ratio."""
+    child = [*args.cases, "--threads", *map(str, args.threads)]
+    child += ["--quick"] if args.quick else []
+    child += ["--profile"] if args.profile else []
+    per_process = rows_from_processes("benchmarks.train_step", child, args.procs)
+    key = (lambda r: (r["case"], r["threads"]))  # noqa: E731
+    rows = median_over_processes(
+        per_process, key,
+        numeric=("ours_ms", "torch_ms", "ratio", "pair_ratio_median", "ortmodule_ms",
+                 "ortmodule_ratio", "ortmodule_pair_ratio_median", "capture_s"),
+        maximum=("max_loss_diff", "ortmodule_max_loss_diff"))
+    for row in rows:
+        same = [r for rs in per_process for r in rs if key(r) == key(row)]
+        om = [r["ortmodule_ratio"] for r in same]
+        row["ortmodule_ratio_lo"], row["ortmodule_ratio_hi"] = min(om), max(om)
+        row["ortmodule_graph_wide"] = all(r["ortmodule_graph_wide"] for r in same)
+    return rows
+
+
 def main(argv=None) -> int:
     if argv is None and sys.argv[1:2] == ["--rss-child"]:
         _rss_child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
@@ -463,8 +510,13 @@ def main(argv=None) -> int:
                    help="peak RSS of a step, fresh process per side (torch vs ORTModule)")
     p.add_argument("--wait-quiet", type=float, default=0, metavar="SECONDS",
                    help="first wait (at most SECONDS) until the machine is idle")
+    p.add_argument("--procs", type=int, default=3,
+                   help="fresh processes to measure in (median over them; default 3)")
+    p.add_argument("--json", help=argparse.SUPPRESS)  # a child's rows go here
     p.add_argument("cases", nargs="*", help="run cases whose name contains any of these")
     args = p.parse_args(argv)
+    if args.procs < 1:
+        p.error(f"--procs must be >= 1, got {args.procs}")
     sel = [c for c in CASES if not args.cases or any(f in c.name for f in args.cases)]
     if not sel:
         raise SystemExit(f"no case matches {args.cases}; cases: "
@@ -482,16 +534,25 @@ def main(argv=None) -> int:
           f"OpenMP runtimes mapped: {', '.join(openmp_runtimes())}")
     print(f"{rounds} rounds of {reps} alternating steps per side after {warmup} warm-up\n")
     print(f"{'case':<12} {'thr':>3}  {'ours ms':>9}  {'torch ms':>9}  {'ratio':>7}")
-    rows = []
-    for case in sel:
-        for n in args.threads:
-            row = run_case(case, n, rounds, reps, warmup, args.profile)
-            rows.append(row)
+    if args.procs > 1:
+        rows = _rows_in_processes(args)
+        for row in rows:
             print(_line(row), flush=True)
+    else:
+        rows = []
+        for case in sel:
+            for n in args.threads:
+                row = run_case(case, n, rounds, reps, warmup, args.profile)
+                rows.append(row)
+                print(_line(row), flush=True)
+        if args.json:  # a child of _rows_in_processes
+            with open(args.json, "w") as f:
+                json.dump(rows, f)
+            return 0
     machine["loadavg_end"] = [round(v, 2) for v in os.getloadavg()]
     machine["foreign_load"] = load.report()
     result = {"machine": machine, "rounds": rounds, "reps": reps, "warmup": warmup,
-              "rows": rows}
+              "processes": args.procs, "rows": rows}
     if args.rss:
         result["rss"] = peak_rss(sel, args.threads[0])
         for c, v in result["rss"].items():
