@@ -483,7 +483,8 @@ def _rows_in_processes(args) -> list[dict]:
     child += ["--quick"] if args.quick else []
     child += ["--profile"] if args.profile else []
     per_process = rows_from_processes("benchmarks.train_step", child, args.procs)
-    key = (lambda r: (r["case"], r["threads"]))  # noqa: E731
+    def key(r):
+        return r["case"], r["threads"]
     rows = median_over_processes(
         per_process, key,
         numeric=("ours_ms", "torch_ms", "ratio", "pair_ratio_median", "ortmodule_ms",

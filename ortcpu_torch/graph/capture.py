@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 import time
@@ -224,22 +225,29 @@ def _split_tables() -> tuple[dict, dict] | None:
     return cia, python
 
 
+_DECOMPOSE_ARGS = ("cia_to_decomp", "python_decomp_table", "joint_loss_index",
+                   "decompose_custom_triton_ops")
+
+
+def _private_decompose():
+    """torch's ``_decompose_exported_program`` if it takes the arguments :func:`decompose`
+    passes (torch 2.13's), else None (a torch that renamed or changed it)."""
+    try:
+        from torch.export.exported_program import _decompose_exported_program as fn
+    except ImportError:
+        return None
+    params = inspect.signature(fn).parameters
+    return fn if all(a in params for a in _DECOMPOSE_ARGS) else None
+
+
 def decompose(ep):
     """``ep.run_decompositions(decomposition_table())`` through :func:`_split_tables`."""
-    try:
-        from torch.export.exported_program import _decompose_exported_program
-    except ImportError:
-        _decompose_exported_program = None
-    tables = _split_tables() if _decompose_exported_program is not None else None
-    if tables is not None:
-        try:
-            return _decompose_exported_program(
-                ep, cia_to_decomp=tables[0], python_decomp_table=tables[1],
-                joint_loss_index=None, decompose_custom_triton_ops=False)
-        except TypeError as e:  # a torch whose private signature differs: the public path
-            if "_decompose_exported_program" not in str(e) and "argument" not in str(e):
-                raise
-    return ep.run_decompositions(decomposition_table())
+    fn = _private_decompose()
+    tables = _split_tables() if fn is not None else None
+    if tables is None:
+        return ep.run_decompositions(decomposition_table())
+    return fn(ep, cia_to_decomp=tables[0], python_decomp_table=tables[1],
+              joint_loss_index=None, decompose_custom_triton_ops=False)
 
 
 def _value_info(name: str, val) -> onnx.ValueInfoProto | None:
