@@ -114,23 +114,53 @@ def grad_norm(model: torch.nn.Module) -> float:
     return float(torch.stack(norms).norm()) if norms else 0.0
 
 
-def train(model: torch.nn.Module, optimizer, next_batch: Callable, loss_fn: Callable,
-          steps: int, *, writer=None, desc: str = "train", hist_every: int = 50,
-          scheduler=None, progress: bool = True) -> RunResult:
-    """zero_grad + forward + backward + step, ``steps`` times; logs loss, learning rate and
-    gradient norm every step and weight/gradient histograms every ``hist_every`` steps."""
-    res = RunResult()
-    model.train()
-    bar = tqdm(range(steps), desc=desc, disable=not progress, leave=False, mininterval=0.5)
-    for step in bar:
-        x, y = next_batch()
+class Training:
+    """One training run (zero_grad + forward + backward + step per batch) advanced a few
+    steps at a time, so that the main job can interleave its sides and drift of the host's
+    speed enters each side alike. Logs loss, learning rate and gradient norm every step and
+    weight/gradient histograms every ``hist_every`` steps. Each run keeps its own state of
+    torch's global generator (dropout masks), so interleaved runs draw what they would
+    draw alone. ``finish(model, result)`` adds metrics when the run ends."""
+
+    def __init__(self, model: torch.nn.Module, optimizer, next_batch: Callable,
+                 loss_fn: Callable, steps: int, *, writer=None, desc: str = "train",
+                 hist_every: int = 50, scheduler=None, progress: bool = True,
+                 finish: Callable | None = None):
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.next_batch, self.loss_fn, self.steps = next_batch, loss_fn, steps
+        self.writer, self.desc, self.hist_every, self.finish = writer, desc, hist_every, finish
+        self.res = RunResult()
+        self.rng = torch.get_rng_state()
+        self.bar = tqdm(total=steps, desc=desc, disable=not progress, leave=False,
+                        mininterval=0.5)
+
+    @property
+    def done(self) -> bool:
+        return len(self.res.losses) >= self.steps
+
+    def advance(self, n: int) -> None:
+        """Up to ``n`` more steps."""
+        outer = torch.get_rng_state()
+        torch.set_rng_state(self.rng)
+        self.model.train()
+        try:
+            for _ in range(min(n, self.steps - len(self.res.losses))):
+                self._step()
+        finally:
+            self.rng = torch.get_rng_state()
+            torch.set_rng_state(outer)
+
+    def _step(self) -> None:
+        model, optimizer, res, writer = self.model, self.optimizer, self.res, self.writer
+        step = len(res.losses)
+        x, y = self.next_batch()
         t0 = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
+        loss = self.loss_fn(model(x), y)
         loss.backward()
         optimizer.step()
-        if scheduler is not None:
-            scheduler.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
         res.step_ms.append((time.perf_counter() - t0) * 1e3)
         value = loss.item()
         res.losses.append(value)
@@ -138,15 +168,28 @@ def train(model: torch.nn.Module, optimizer, next_batch: Callable, loss_fn: Call
             writer.add_scalar("loss/train", value, step)
             writer.add_scalar("lr", optimizer.param_groups[0]["lr"], step)
             writer.add_scalar("grad_norm", grad_norm(model), step)
-            if step % hist_every == 0 or step == steps - 1:
+            if step % self.hist_every == 0 or step == self.steps - 1:
                 ortcpu_torch.summary.log_model(writer, model, step, weights=True, grads=True)
+        self.bar.update(1)
         if step % 10 == 0:
-            bar.set_postfix(loss=f"{value:.4f}")
-    if isinstance(model, ortcpu_torch.ORTModule):
-        res.graph = model.report()
-    if not all(math.isfinite(v) for v in res.losses):
-        raise RuntimeError(f"{desc}: the loss became non-finite")
-    return res
+            self.bar.set_postfix(loss=f"{value:.4f}")
+
+    def result(self) -> RunResult:
+        """The finished run's losses, step times and metrics."""
+        self.bar.close()
+        res = self.res
+        if isinstance(self.model, ortcpu_torch.ORTModule):
+            res.graph = self.model.report()
+        if not all(math.isfinite(v) for v in res.losses):
+            raise RuntimeError(f"{self.desc}: the loss became non-finite")
+        if self.finish is not None:
+            self.finish(self.model, res)
+        return res
+
+    def run(self) -> RunResult:
+        """All remaining steps, then the result."""
+        self.advance(self.steps)
+        return self.result()
 
 
 def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:

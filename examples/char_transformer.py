@@ -86,21 +86,31 @@ def lm_loss(logits, target):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
 
 
-def run(args, *, wrap: bool | str, writer=None, progress: bool = True, seq: int = 64):
+def session(args, *, wrap: bool | str, writer=None, progress: bool = True,
+            seq: int = 64) -> C.Training:
+    """A training run not yet started; ``wrap`` as in ``_common.make_optimizer``."""
     data, chars = corpus(seq)
     n_val = len(data) // 10
     train_data, val_data = data[n_val:], data[:n_val]
     torch.manual_seed(args.seed)
     model, optimizer = C.make_optimizer(CharGPT(len(chars), seq), args.lr, wrap)
-    res = C.train(model, optimizer, Windows(train_data, seq, args.batch, args.seed), lm_loss,
-                  args.steps, writer=writer,
-                  desc=f"char_transformer ({C.side_name(wrap)})", progress=progress)
-    model.eval()
-    with torch.no_grad():
-        vx, vy = Windows(val_data, seq, 64, args.seed + 1)()
-        res.metrics["val_loss"] = float(lm_loss(model(vx), vy))
-        res.metrics["val_acc"] = float((model(vx).argmax(-1) == vy).float().mean())
-    return res
+
+    def finish(model, res):
+        model.eval()
+        with torch.no_grad():
+            vx, vy = Windows(val_data, seq, 64, args.seed + 1)()
+            logits = model(vx)
+            res.metrics["val_loss"] = float(lm_loss(logits, vy))
+            res.metrics["val_acc"] = float((logits.argmax(-1) == vy).float().mean())
+
+    return C.Training(model, optimizer, Windows(train_data, seq, args.batch, args.seed),
+                      lm_loss, args.steps, writer=writer,
+                      desc=f"char_transformer ({C.side_name(wrap)})", progress=progress,
+                      finish=finish)
+
+
+def run(args, **kwargs) -> C.RunResult:
+    return session(args, **kwargs).run()
 
 
 def main() -> None:

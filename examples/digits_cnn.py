@@ -30,16 +30,24 @@ class DigitsCNN(torch.nn.Module):
         return self.head(self.features(x))
 
 
-def run(args, *, wrap: bool | str, writer=None, progress: bool = True, dropout: float = 0.1):
+def session(args, *, wrap: bool | str, writer=None, progress: bool = True,
+            dropout: float = 0.1) -> C.Training:
+    """A training run not yet started; ``wrap`` as in ``_common.make_optimizer``."""
     train_set, test_set = C.digits(args.seed, as_images=True)
     torch.manual_seed(args.seed)
-    model = DigitsCNN(dropout)
-    model, optimizer = C.make_optimizer(model, args.lr, wrap)
-    res = C.train(model, optimizer, C.Batches(*train_set, args.batch, args.seed),
-                  F.cross_entropy, args.steps, writer=writer,
-                  desc=f"digits_cnn ({C.side_name(wrap)})", progress=progress)
-    res.metrics["test_acc"] = C.accuracy(model, *test_set)
-    return res
+    model, optimizer = C.make_optimizer(DigitsCNN(dropout), args.lr, wrap)
+
+    def finish(model, res):
+        res.metrics["test_acc"] = C.accuracy(model, *test_set)
+
+    return C.Training(model, optimizer, C.Batches(*train_set, args.batch, args.seed),
+                      F.cross_entropy, args.steps, writer=writer,
+                      desc=f"digits_cnn ({C.side_name(wrap)})", progress=progress,
+                      finish=finish)
+
+
+def run(args, **kwargs) -> C.RunResult:
+    return session(args, **kwargs).run()
 
 
 def main() -> None:

@@ -23,15 +23,18 @@ class RowLSTM(torch.nn.Module):
         return self.head(h[-1])
 
 
-def run(args, *, wrap: bool | str, writer=None, progress: bool = True):
+def run(args, *, wrap: bool | str, writer=None, progress: bool = True) -> C.RunResult:
     train_set, test_set = C.digits(args.seed, as_images=False)
     torch.manual_seed(args.seed)
     model, optimizer = C.make_optimizer(RowLSTM(), args.lr, wrap)
-    res = C.train(model, optimizer, C.Batches(*train_set, args.batch, args.seed),
-                  F.cross_entropy, args.steps, writer=writer,
-                  desc=f"lstm ({C.side_name(wrap)})", progress=progress)
-    res.metrics["test_acc"] = C.accuracy(model, *test_set)
-    return res
+
+    def finish(model, res):
+        res.metrics["test_acc"] = C.accuracy(model, *test_set)
+
+    return C.Training(model, optimizer, C.Batches(*train_set, args.batch, args.seed),
+                      F.cross_entropy, args.steps, writer=writer,
+                      desc=f"lstm ({C.side_name(wrap)})", progress=progress,
+                      finish=finish).run()
 
 
 def main() -> None:
