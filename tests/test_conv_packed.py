@@ -4,7 +4,7 @@ dot products on AVX-512 builds where col has at most 32 rows), forced with
 algo="packed" and chosen by auto on small maps with small weights: forward, dX, dW, dB
 against torch in float64 and float32 over the small-map geometries (pads, strides,
 groups, odd maps), tile tails (output channels not a multiple of the 6 / 8-row tile, maps
-not a multiple of the 16 / 32-column tile; dW's 4 x 4 dot-product tile), batch 0/1/odd,
+not a multiple of the 16 / 32-column tile, the narrow one-vector tile; dW's 4 x 4 dot-product tile), batch 0/1/odd,
 1 and 2 threads; float64 gradcheck through the autograd front end; NaN and inf; the
 routing of auto by shape and dtype (kernels.conv.conv_path); a clear error where the
 geometry does not fit."""
@@ -23,6 +23,11 @@ from .test_conv_small_map import CASES, STRIDED, float64_case
 TAILS = [  # n, c, m, h, w, kernel, strides, pads [top, left, bottom, right], groups
     (64, 32, 64, 4, 4, (3, 3), (1, 1), [1, 1, 1, 1], 1),   # digits' second conv
     (64, 1, 32, 8, 8, (3, 3), (1, 1), [1, 1, 1, 1], 1),    # digits' first conv
+    # the narrow tile (one vector of columns, two row panels): 16 positions with 20
+    # output channels (the last pair of panels a single one), and 2x2 maps, whose
+    # samples share the vector
+    (5, 6, 20, 4, 4, (3, 3), (1, 1), [1, 1, 1, 1], 1),
+    (9, 5, 17, 2, 2, (3, 3), (1, 1), [1, 1, 1, 1], 1),
     (1, 3, 7, 5, 7, (3, 3), (1, 1), [1, 1, 1, 1], 1),      # 35 outputs, 7 channels
     (3, 5, 13, 3, 3, (3, 3), (1, 1), [1, 1, 1, 1], 1),     # 9 outputs, 13 channels
     (2, 4, 1, 1, 1, (1, 3), (1, 1), [0, 1, 0, 1], 1),      # one output, one channel
@@ -38,6 +43,19 @@ TAILS = [  # n, c, m, h, w, kernel, strides, pads [top, left, bottom, right], gr
     (4, 32, 6, 5, 5, (1, 1), (1, 1), [1, 1, 1, 1], 1),     # 32 columns: the limit
     (2, 11, 7, 6, 6, (3, 1), (1, 1), [1, 0, 1, 0], 1),     # 33 columns: the BLAS
     (2, 2, 6, 30, 30, (3, 3), (1, 1), [1, 1, 1, 1], 2),    # groups of 3 output channels
+]
+
+
+# float32 maps of at most 16 positions in and out: im2col / col2im as one vector permute per
+# kernel tap on AVX-512 builds (conv.c, "tiny planes"): strides, kernels up to 7x7 (49 taps,
+# the tables' limit), asymmetric pads, groups, a 1-row map
+TINY = [
+    (3, 4, 5, 4, 4, (3, 3), (2, 2), [1, 1, 1, 1], 1),
+    (2, 3, 4, 4, 4, (5, 5), (1, 1), [2, 2, 2, 2], 1),
+    (2, 2, 3, 4, 4, (7, 7), (1, 1), [3, 3, 3, 3], 1),
+    (2, 3, 4, 4, 4, (3, 3), (1, 1), [0, 1, 2, 0], 1),
+    (2, 6, 4, 3, 5, (3, 3), (1, 1), [1, 1, 1, 1], 2),
+    (4, 3, 5, 1, 16, (1, 3), (1, 1), [0, 1, 0, 1], 1),
 ]
 
 
@@ -88,7 +106,7 @@ def test_packed_float64_vs_torch(case, threads):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("case", TAILS + list(STRIDED[:3]))
+@pytest.mark.parametrize("case", TAILS + TINY + list(STRIDED[:3]))
 def test_packed_float32_vs_torch(case, threads):
     ortcpu_torch.set_num_threads(threads)
     n, c, m, h, w, k, strides, pads, groups = case
