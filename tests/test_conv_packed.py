@@ -4,10 +4,11 @@ dot products on AVX-512 builds where col has at most 32 rows), forced with
 algo="packed" and chosen by auto on small maps with small weights: forward, dX, dW, dB
 against torch in float64 and float32 over the small-map geometries (pads, strides,
 groups, odd maps), tile tails (output channels not a multiple of the 6 / 8-row tile, maps
-not a multiple of the 16 / 32-column tile, the narrow one-vector tile; dW's 4 x 4 dot-product tile), batch 0/1/odd,
-1 and 2 threads; float64 gradcheck through the autograd front end; NaN and inf; the
-routing of auto by shape and dtype (kernels.conv.conv_path); a clear error where the
-geometry does not fit."""
+not a multiple of the 16 / 32-column tile, the narrow one-vector tile; dW's 4 x 4
+dot-product tile), tiny planes (<= 16 positions), batch 0/1/odd, 1 and 2 threads;
+float64 gradcheck through the autograd front end; NaN and inf; the routing of auto by
+shape and dtype (kernels.conv.conv_path); a clear error where the geometry does not
+fit."""
 
 from __future__ import annotations
 
@@ -181,17 +182,17 @@ P1 = dict(pads=[1, 1, 1, 1])
 def test_auto_routes_small_maps_to_packed():
     # the digits CNN's two convolutions, in both dtypes (32->64: 73.7 KB of float32
     # weights, 147 KB of float64: over the 128 KB limit)
-    assert _path((64, 1, 8, 8), (32, 1, 3, 3), **P1) == "packed"
-    assert _path((64, 1, 8, 8), (32, 1, 3, 3), torch.float64, **P1) == "packed"
+    # (the first, one input channel, is a first layer: the direct forward, test_conv_direct)
+    assert _path((64, 1, 8, 8), (32, 1, 3, 3), **P1) == "direct"
     assert _path((64, 32, 4, 4), (64, 32, 3, 3), **P1) == "packed"
     assert _path((64, 32, 4, 4), (64, 32, 3, 3), torch.float64, **P1) == "small_map"
-    assert _path((1, 3, 5, 7), (7, 3, 3, 3), **P1) == "packed"      # batch 1, odd map
+    assert _path((1, 4, 5, 7), (7, 4, 3, 3), **P1) == "packed"      # batch 1, odd map
     assert _path((2, 8, 8, 8), (6, 4, 3, 3), group=2, strides=[2, 2], **P1) == "packed"
-    assert _path((2, 2, 28, 28), (5, 2, 3, 3), **P1) == "packed"    # 784 outputs
+    assert _path((2, 4, 28, 28), (5, 4, 3, 3), **P1) == "packed"    # 784 outputs
     # weights over 128 KB (float32 64 x 576), maps of 1024 outputs and more, pointwise
     # kernels, dilation: not packed
     assert _path((2, 64, 4, 4), (64, 64, 3, 3), **P1) == "small_map"
-    assert _path((1, 3, 32, 32), (4, 3, 3, 3), **P1) == "im2col"
+    assert _path((1, 4, 32, 32), (4, 4, 3, 3), **P1) == "im2col"
     assert _path((2, 8, 4, 4), (8, 8, 1, 1)) == "im2col"
     assert _path((2, 8, 6, 6), (8, 8, 3, 3), dilations=[2, 2], **P1) == "im2col"
     # Winograd and depthwise keep their shapes (an 8x8 map with 16 -> 16 channels)

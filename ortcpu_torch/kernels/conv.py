@@ -11,9 +11,11 @@ the Winograd forward of dY with the rotated kernel); everything else as im2col /
 GEMMs on single-threaded OpenBLAS, the work split over our OpenMP threads (see
 ``kernels/gemm.py`` for the thread decision); small maps with small weights ("packed")
 and, on AVX-512 builds, Winograd's forward / dX GEMMs and the narrow dW GEMMs of the
-packed path run on our own register-tile kernels (native/src/conv_pk.inc).
+packed path run on our own register-tile kernels (native/src/conv_pk.inc); the forward
+of first layers (at most 3 input channels per group) runs as the graph executor's direct
+convolution ("direct", native/src/conv_infer.c, the weights packed per call).
 ``conv_forward`` and ``conv_backward`` take ``algo="auto" | "im2col" | "winograd2" |
-"winograd4" | "small_map" | "depthwise" | "packed"`` to force a lowering (tests,
+"winograd4" | "small_map" | "depthwise" | "packed" | "direct"`` to force a lowering (tests,
 benchmarks).
 """
 
@@ -36,7 +38,7 @@ from ._registry import register
 from ._spatial import auto_pad_attr, int_list, pad3, resolve_pads, spatial_rank
 
 ALGOS = {"auto": 0, "im2col": 1, "winograd2": 2, "winograd4": 3, "small_map": 4,
-         "depthwise": 5, "packed": 6}
+         "depthwise": 5, "packed": 6, "direct": 7}
 
 
 def conv_geometry(op: str, X: torch.Tensor, W: torch.Tensor, auto_pad="NOTSET",
@@ -93,6 +95,9 @@ def conv_geometry(op: str, X: torch.Tensor, W: torch.Tensor, auto_pad="NOTSET",
         raise ValueError(f"{op}: algo='depthwise' needs a 1-D/2-D convolution with group == "
                          f"C > 1 and pads >= 0, got rank {r}, C={c}, group {group}, pads "
                          f"{pb}")
+    if algo == "direct" and (r == 3 or any(v < 0 for v in pb) or any(v > 64 for v in s)):
+        raise ValueError(f"{op}: algo='direct' needs a 1-D/2-D convolution with pads >= 0 "
+                         f"and strides <= 64, got rank {r}, pads {pb}, strides {s}")
     geom = [n, c, m, group, *pad3(ins, 1), *pad3(k, 1), *pad3(out, 1), *pad3(s, 1),
             *pad3(pb, 0), *pad3(d, 1), ALGOS[algo]]
     return geom, (n, m, *out)
@@ -165,7 +170,8 @@ PATHS = {v: k for k, v in ALGOS.items() if v}
 
 def conv_path(op, X, W, **attrs) -> str:
     """The lowering (an ``ALGOS`` name other than "auto") ``conv_forward`` runs for these
-    arguments; backward follows it for dX (dW / dB of "packed" run as "small_map")."""
+    arguments; backward follows it for dX (dW / dB of "packed" run as "small_map"; the
+    backward of "direct", a forward-only lowering, takes its own)."""
     _, _, _, geom, _ = _checked(op, X, W, None, attrs)
     st = lib.ortcpu_conv_path(geom, X.element_size())
     if st < 0:
