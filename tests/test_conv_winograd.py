@@ -108,7 +108,7 @@ def test_winograd_channels_around_threshold(c, m):
     (5, 8, 13, 22, 18),    # 13 output channels (tile rows 8 / 6), 150 F(4x4) tiles
     (3, 11, 9, 9, 31),     # tile columns not a multiple of the 32 / 16 lanes
     (1, 8, 17, 3, 3),      # one tile per image
-    (2, 4, 5, 7, 70),      # runs of 18 F(4x4) tiles: the AVX-512 gathers' 4-tile groups + 2
+    (2, 4, 5, 7, 70),      # runs of 18 F(4x4) tiles: the vector copies' 4-tile groups + 2
 ])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_winograd_gemm_tile_tails(n, c, m, h, w, dtype, threads):
