@@ -18,7 +18,7 @@ import time
 import torch
 
 import ortcpu_torch
-from ortcpu_torch._native import lib, loader, ptr
+from ortcpu_torch._native import lib, loader, openblas_core, ptr
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -133,8 +133,9 @@ def isa_line(info: dict | None = None) -> str:
         return _ISA_NAMES.get(i.get(k), "?")
     cap = i.get("isa_cap", "none")
     capped = f", capped by ORTCPU_ISA={cap}" if cap != "none" else ""
+    blas = f" OpenBLAS ran its {i['openblas_core']} kernels." if i.get("openblas_core") else ""
     return (f"CPU: {i.get('cpu', '?')} ({name('cpu_isa')}); our kernels ran their "
-            f"{name('kernel_isa')} build{capped}.")
+            f"{name('kernel_isa')} build{capped}.{blas}")
 
 
 def machine_info() -> dict:
@@ -160,6 +161,7 @@ def machine_info() -> dict:
         "python": platform.python_version(),
         "commit": commit,
         "extension_sha256": ext,  # the native code measured (the tree may be ahead of commit)
+        "openblas_core": openblas_core(),  # the kernels our OpenBLAS copy runs
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "loadavg": [round(v, 2) for v in os.getloadavg()],
         "env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY",

@@ -3,9 +3,10 @@ and with AVX-512, against what our OpenBLAS GEMMs and torch's reach.
 
     python -m benchmarks.gemm_peak [--reps 7]
 
-OpenBLAS follows ``OPENBLAS_CORETYPE`` (this machine's environment sets ``Haswell``:
-AVX2 kernels; ``ORTCPU_OPENBLAS_CORETYPE`` overrides it for our copy), while torch's
-oneDNN convolutions and LSTM use AVX-512 whatever that variable says. A training step
+Our OpenBLAS copy detects the CPU (AVX-512 kernels where it has them) unless
+``ORTCPU_OPENBLAS_CORETYPE`` names a core (``env``: follow ``OPENBLAS_CORETYPE``, which this
+machine's environment sets to ``Haswell``: AVX2 kernels); torch's MKL GEMMs run AVX2 code
+on AMD CPUs, its oneDNN convolutions and LSTM use AVX-512. A training step
 whose GEMM flops divided by the 2-core AVX2 peak exceed torch's whole step time cannot
 be matched on AVX2 kernels; this script gives the numbers for that argument. The FMA
 loop is compiled here with cffi (gcc; 12 independent accumulator chains per width); each
@@ -17,14 +18,13 @@ Writes ``benchmarks/results/gemm_peak.{json,md}``.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import tempfile
 
 import cffi
 import torch
 
-from ortcpu_torch._native import lib, ptr
+from ortcpu_torch._native import lib, openblas_core, ptr
 
 from ._util import ForeignLoad, isa_line, machine_info, set_threads, timed, write_results
 
@@ -120,7 +120,7 @@ def main(argv=None) -> None:
                          "ours_of_avx2_peak": round(ours / (avx2_peak * threads), 2)
                          if avx2_peak else None})
     fl = load.report()
-    coretype = os.environ.get("ORTCPU_OPENBLAS_CORETYPE") or os.environ.get("OPENBLAS_CORETYPE")
+    coretype = openblas_core()
     result = {"machine": machine_info(), "cpu_fma_widths": widths,
               "fma_peak_gflops_per_core": {k: round(v) for k, v in peak.items()},
               "openblas_coretype": coretype or "auto", "gemm": rows, "load": fl}

@@ -205,3 +205,29 @@ def test_environment_setting():
     assert out.stdout.strip() == "openblas"
     bad = _run_with_env("fastest", code)
     assert bad.returncode != 0 and "ORTCPU_GEMM must be one of" in bad.stderr
+
+
+def _openblas_core_in(env: dict) -> str:
+    code = ("import os, torch, ortcpu_torch\n"
+            "from ortcpu_torch._native import openblas_core\n"
+            "a, b = torch.randn(70, 300), torch.randn(300, 50)\n"
+            "y = ortcpu_torch.kernels.MatMul(a, b)\n"
+            "assert (y.double() - a.double() @ b.double()).abs().max() < 1e-3\n"
+            "print(openblas_core(), os.environ.get('OPENBLAS_CORETYPE'))\n")
+    full = {k: v for k, v in os.environ.items()
+            if k not in ("OPENBLAS_CORETYPE", "ORTCPU_OPENBLAS_CORETYPE")}
+    out = subprocess.run([sys.executable, "-c", code], env={**full, **env}, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_private_openblas_detects_the_cpu_unless_told():
+    """A machine-wide OPENBLAS_CORETYPE does not pin our private copy (``env`` honours it,
+    a core name forces one); the process's environment is left as it was."""
+    detected = _openblas_core_in({})
+    assert detected.endswith(" None") and detected != " None"
+    assert _openblas_core_in({"OPENBLAS_CORETYPE": "Haswell"}) == f"{detected[:-5]} Haswell"
+    assert _openblas_core_in({"OPENBLAS_CORETYPE": "Haswell",
+                              "ORTCPU_OPENBLAS_CORETYPE": "env"}) == "Haswell Haswell"
+    assert _openblas_core_in({"ORTCPU_OPENBLAS_CORETYPE": "Haswell"}) == "Haswell None"
