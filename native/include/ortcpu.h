@@ -654,8 +654,10 @@ int ortcpu_bmm_f64(int trans_a, int trans_b, const double *a, const double *b, d
  * constant packed once by gemm_p16_pack (B stored k x n, or n x k when trans_b) into
  * gemm_p16_packed_size(n, k) floats; bias (n) may be NULL. The small-batch weight GEMM of
  * the graph executor; only in x86-64-v3+ builds (gemm_p16_available(); elsewhere gemm_p16
- * fails cleanly). */
+ * fails cleanly). gemm_p16_max_rows(): the m up to which this build's tile measured faster
+ * than the BLAS (0 where gemm_p16 is not built). */
 int ortcpu_gemm_p16_available(void);
+int64_t ortcpu_gemm_p16_max_rows(void);
 int64_t ortcpu_gemm_p16_packed_size(int64_t n, int64_t k);
 int ortcpu_gemm_p16_pack(int trans_b, int64_t n, int64_t k, const float *b, int64_t ldb,
                          float *packed);

@@ -259,10 +259,10 @@ def _distinct_outputs(b0, sc0, b1, sc1, m, n, ldc) -> bool:
     return inner and (b0 <= 1 or sc0 >= run)
 
 
-#: rows of A up to which the pre-packed float32 GEMM runs (measured faster than OpenBLAS,
-#: which repacks B every call, up to ~16 rows; at 32 they tie) -- the graph executor's
-#: small-batch weight GEMMs
-P16_MAX_ROWS = 16
+#: rows of A up to which the pre-packed float32 GEMM runs -- the graph executor's constant
+#: weight GEMMs: measured faster than OpenBLAS (which repacks B every call) up to ~16 rows
+#: with the AVX2 tile, up to ~1024 with the AVX-512 one (native/src/gemm_p16.c)
+P16_MAX_ROWS = int(lib.ortcpu_gemm_p16_max_rows())
 
 
 class PackedWeight:
