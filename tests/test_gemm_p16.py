@@ -10,6 +10,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
@@ -121,3 +122,53 @@ def test_matmul_weight_binding_vs_ort(rows):
     want = ort.InferenceSession(m.SerializeToString(),
                                 providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+needs_conv1x1 = pytest.mark.skipif(not lib.ortcpu_conv1x1_p16_available(),
+                                   reason="conv1x1_p16 is built at x86-64-v4 only")
+
+
+def _conv1x1(x, pw, b, r, relu, threads=2):
+    from ortcpu_torch._native import ptr
+
+    nb, cin, h, w = x.shape
+    y = torch.empty(nb, pw.n, h, w)
+    assert lib.ortcpu_conv1x1_p16(nb, pw.n, cin, h * w, ptr(x), ptr(pw.data), ptr(b), ptr(r),
+                                  int(relu), ptr(y), threads) == 0
+    return y
+
+
+@needs_conv1x1
+@pytest.mark.parametrize("threads", [1, 2])
+def test_conv1x1_p16_matches_float64(threads):
+    """The transposed tile over position blocks of 8 and remainders, one and two panels,
+    partial panels (17, 40 channels), batches, bias / residual / ReLU epilogues."""
+    g = torch.Generator().manual_seed(3)
+    for nb, cin, cout, h, w in itertools.product((1, 3), (1, 5, 64), (1, 16, 17, 40, 64),
+                                                 (1, 3, 7), (1, 5)):
+        x = torch.randn(nb, cin, h, w, generator=g)
+        wt = torch.randn(cout, cin, generator=g)
+        b, r = torch.randn(cout, generator=g), torch.randn(nb, cout, h, w, generator=g)
+        pw = PackedWeight.pack(wt, True)
+        for bias, res, relu in itertools.product((None, b), (None, r), (False, True)):
+            y = _conv1x1(x, pw, bias, res, relu, threads)
+            ref = F.conv2d(x.double(), wt.double()[:, :, None, None],
+                           None if bias is None else bias.double())
+            ref = ref if res is None else ref + res.double()
+            assert_close(y, (ref.relu() if relu else ref).float(), rtol=1e-5, atol=1e-5,
+                         msg=f"{nb} {cin}->{cout} {h}x{w} {bias is None} {res is None} {relu}")
+
+
+@needs_conv1x1
+def test_conv1x1_p16_relu_keeps_nan_and_bad_sizes_fail():
+    from ortcpu_torch._native import ffi
+
+    x = torch.randn(1, 4, 3, 3)
+    x[0, :, 1, 1] = float("nan")
+    pw = PackedWeight.pack(torch.randn(20, 4), True)
+    for res in (None, torch.randn(1, 20, 3, 3)):
+        y = _conv1x1(x, pw, None, res, True)
+        assert y[0, :, 1, 1].isnan().all() and (y.nan_to_num(0) >= 0).all()
+        assert y.isnan().sum() == 20
+    assert lib.ortcpu_conv1x1_p16(1, -1, 4, 9, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, 0,
+                                  ffi.NULL, 1) != 0

@@ -664,6 +664,16 @@ int ortcpu_gemm_p16_pack(int trans_b, int64_t n, int64_t k, const float *b, int6
 int ortcpu_gemm_p16(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                     const float *packed, const float *bias, float *c, int64_t ldc,
                     int nthreads);
+/* conv1x1_p16 (gemm_p16.c): float32 1x1 stride-1 unpadded convolution of nb samples in
+ * NCHW, X [nb][k][p] (k input channels, p = H*W positions) -> Y [nb][n][p] = W . X_s
+ * + bias (n, may be NULL) + res (Y's layout, may be NULL), then ReLU when relu; W [n][k]
+ * packed by gemm_p16_pack(1, n, k, W, k, ...). gemm_p16's AVX-512 tile on the transposed
+ * product; only in x86-64-v4 builds (conv1x1_p16_available(); elsewhere it fails
+ * cleanly). */
+int ortcpu_conv1x1_p16_available(void);
+int ortcpu_conv1x1_p16(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
+                       const float *packed, const float *bias, const float *res, int relu,
+                       float *y, int nthreads);
 /* bmm_strided: for the batch entries (i0 < batch0, i1 < batch1), C_i (m x n, row stride
  * ldc) = alpha * op(A_i) . op(B_i), each operand a strided matrix (row stride lda / ldb;
  * stored k x m / n x k when transposed) at i0*s[0] + i1*s[1] elements from its base, s

@@ -232,10 +232,172 @@ p16_panels(int64_t p0, int64_t p1, int64_t m, int64_t n, int64_t k, const float 
     }
 }
 
+/* ---- 1x1 convolution on the same tile (conv1x1_p16) --------------------------------
+ * Y_s (n channels x p positions) = W . X_s as its transpose Y_s^T = X_s^T . W^T: the
+ * tile's rows are 8 consecutive positions, broadcast straight from X_s's channel rows
+ * (NCHW: row kk of X_s^T's column block is x[kk * p + i .. i + 8)), its columns two
+ * panels of W^T (32 output channels). The tile leaves the registers transposed, 8x8
+ * blocks at a time, so Y is written in NCHW as well; bias and (without a residual) ReLU
+ * are applied before, the residual addend after the transpose. */
+
+/* the 8x8 transpose of rows r[0..8): r[c] becomes column c */
+__attribute__((target("arch=x86-64-v4"), always_inline)) static inline void
+p16_transpose8(__m256 r[8])
+{
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+    r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+    r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+    r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+    r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+/* 16 output channels (of which w are real) x 8 positions (R real) from c[0..8) (row r:
+ * position r, lanes: channels) into y (channel rows p apart), + res (same layout), ReLU */
+__attribute__((target("arch=x86-64-v4"), always_inline)) static inline void
+c1_store(__m512 c[8], int R, int64_t w, const float *restrict res, int relu,
+         float *restrict y, int64_t p)
+{
+    __mmask8 rows = (__mmask8)((1u << R) - 1);
+    for (int half = 0; half < 2 && half * 8 < w; half++) {
+        __m256 t[8];
+        for (int r = 0; r < 8; r++)
+            t[r] = half ? _mm512_extractf32x8_ps(c[r], 1) : _mm512_castps512_ps256(c[r]);
+        p16_transpose8(t);
+        int64_t nc = w - half * 8 < 8 ? w - half * 8 : 8;
+        for (int64_t j = 0; j < nc; j++) {
+            int64_t off = (half * 8 + j) * p;
+            __m256 v = t[j];
+            if (res) {
+                v = _mm256_add_ps(v, _mm256_maskz_loadu_ps(rows, res + off));
+                if (relu) v = _mm256_max_ps(_mm256_setzero_ps(), v); /* NaN kept */
+            }
+            _mm256_mask_storeu_ps(y + off, rows, v);
+        }
+    }
+}
+
+/* positions [0, p) of one sample for the panel pair (pa, pb) (pb NULL: one panel) */
+__attribute__((target("arch=x86-64-v4"), always_inline)) static inline void
+c1_tile(int R, const float *restrict x, int64_t p, const float *restrict pa,
+        const float *restrict pb, int64_t k, const float *restrict bias, const float *res,
+        int relu, float *y, int64_t w0, int64_t w1)
+{
+    __m512 c0[P16_R512], c1[P16_R512];
+    for (int i = 0; i < P16_R512; i++) c0[i] = c1[i] = _mm512_setzero_ps();
+    for (int64_t kk = 0; kk < k; kk++) {
+        _mm_prefetch((const char *)(pa + (kk + 16) * P16), _MM_HINT_T0);
+        __m512 b0 = _mm512_loadu_ps(pa + kk * P16);
+        __m512 b1 = pb ? _mm512_loadu_ps(pb + kk * P16) : b0;
+        const float *xr = x + kk * p;
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            __m512 av = _mm512_set1_ps(xr[i]);
+            c0[i] = _mm512_fmadd_ps(av, b0, c0[i]);
+            if (pb) c1[i] = _mm512_fmadd_ps(av, b1, c1[i]);
+        }
+    }
+    __mmask16 m0 = (__mmask16)((1u << w0) - 1), m1 = (__mmask16)((1u << w1) - 1);
+    __m512 bv0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+    __m512 bv1 = bias && pb ? _mm512_maskz_loadu_ps(m1, bias + P16) : _mm512_setzero_ps();
+    for (int i = 0; i < P16_R512; i++) {
+        c0[i] = _mm512_add_ps(c0[i], bv0);
+        c1[i] = _mm512_add_ps(c1[i], bv1);
+        if (relu && !res) {
+            c0[i] = _mm512_max_ps(_mm512_setzero_ps(), c0[i]);
+            c1[i] = _mm512_max_ps(_mm512_setzero_ps(), c1[i]);
+        }
+    }
+    c1_store(c0, R, w0, res, relu, y, p);
+    if (pb) c1_store(c1, R, w1, res ? res + P16 * p : NULL, relu, y + P16 * p, p);
+}
+
+/* work units [u0, u1): unit u is sample u / pairs, panel pair u % pairs */
+__attribute__((target("arch=x86-64-v4"))) static void
+c1_units(int64_t u0, int64_t u1, int64_t n, int64_t k, int64_t p, const float *x,
+         const float *packed, const float *bias, const float *res, int relu, float *y)
+{
+    int64_t panels = (n + P16 - 1) / P16, pairs = (panels + 1) / 2;
+    for (int64_t u = u0; u < u1; u++) {
+        int64_t s = u / pairs, q = 2 * (u % pairs), j0 = q * P16;
+        const float *pa = packed + q * P16 * k, *pb = q + 1 < panels ? pa + P16 * k : NULL;
+        int64_t w0 = n - j0 < P16 ? n - j0 : P16;
+        int64_t w1 = pb ? (n - j0 - P16 < P16 ? n - j0 - P16 : P16) : 0;
+        const float *xs = x + s * k * p, *rs = res ? res + (s * n + j0) * p : NULL;
+        const float *bj = bias ? bias + j0 : NULL;
+        float *ys = y + (s * n + j0) * p;
+        for (int64_t i = 0; i < p; i += P16_R512) {
+            const float *ri = rs ? rs + i : NULL;
+            switch (p - i < P16_R512 ? p - i : P16_R512) {
+            case 8: c1_tile(8, xs + i, p, pa, pb, k, bj, ri, relu, ys + i, w0, w1); break;
+            case 7: c1_tile(7, xs + i, p, pa, pb, k, bj, ri, relu, ys + i, w0, w1); break;
+            case 6: c1_tile(6, xs + i, p, pa, pb, k, bj, ri, relu, ys + i, w0, w1); break;
+            case 5: c1_tile(5, xs + i, p, pa, pb, k, bj, ri, relu, ys + i, w0, w1); break;
+            case 4: c1_tile(4, xs + i, p, pa, pb, k, bj, ri, relu, ys + i, w0, w1); break;
+            case 3: c1_tile(3, xs + i, p, pa, pb, k, bj, ri, relu, ys + i, w0, w1); break;
+            case 2: c1_tile(2, xs + i, p, pa, pb, k, bj, ri, relu, ys + i, w0, w1); break;
+            default: c1_tile(1, xs + i, p, pa, pb, k, bj, ri, relu, ys + i, w0, w1); break;
+            }
+        }
+    }
+}
+
+int ortcpu_conv1x1_p16_available(void) { return 1; }
+
+int ortcpu_conv1x1_p16(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
+                       const float *packed, const float *bias, const float *res, int relu,
+                       float *y, int nthreads)
+{
+    if (nb < 0 || n < 0 || k < 0 || p < 0)
+        return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv1x1_p16: bad sizes nb=%lld n=%lld "
+                        "k=%lld p=%lld", (long long)nb, (long long)n, (long long)k,
+                        (long long)p);
+    if (nb == 0 || n == 0 || p == 0) return ORTCPU_OK;
+    int64_t pairs = ((n + P16 - 1) / P16 + 1) / 2, units = nb * pairs;
+    int t = nthreads < 1 ? 1 : nthreads;
+    if (2.0 * (double)nb * (double)n * (double)k * (double)p < 1e6 || units < 2 * t ||
+        omp_in_parallel())
+        t = 1;
+    if (t == 1) {
+        c1_units(0, units, n, k, p, x, packed, bias, res, relu, y);
+        return ORTCPU_OK;
+    }
+#pragma omp parallel num_threads(t)
+    {
+        int id = omp_get_thread_num(), nt = omp_get_num_threads();
+        int64_t per = (units + nt - 1) / nt, s = id * per, e = s + per < units ? s + per : units;
+        if (s < e) c1_units(s, e, n, k, p, x, packed, bias, res, relu, y);
+    }
+    return ORTCPU_OK;
+}
+
 /* threads split the panels in pairs, so each thread's tiles are two panels wide */
 #define P16_SPLIT 2
 #else
 #define P16_SPLIT 1
+
+int ortcpu_conv1x1_p16_available(void) { return 0; }
+
+int ortcpu_conv1x1_p16(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
+                       const float *packed, const float *bias, const float *res, int relu,
+                       float *y, int nthreads)
+{
+    (void)nb; (void)n; (void)k; (void)p; (void)x; (void)packed; (void)bias; (void)res;
+    (void)relu; (void)y; (void)nthreads;
+    return ort_fail(ORTCPU_E_INVALID_ARGUMENT,
+                    "conv1x1_p16: not in this build (x86-64-v4 only)");
+}
+
 
 __attribute__((target("avx2,fma"))) static void
 p16_panels(int64_t p0, int64_t p1, int64_t m, int64_t n, int64_t k, const float *a,
@@ -287,6 +449,18 @@ int ortcpu_gemm_p16(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda
 }
 
 #else
+
+int ortcpu_conv1x1_p16_available(void) { return 0; }
+
+int ortcpu_conv1x1_p16(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
+                       const float *packed, const float *bias, const float *res, int relu,
+                       float *y, int nthreads)
+{
+    (void)nb; (void)n; (void)k; (void)p; (void)x; (void)packed; (void)bias; (void)res;
+    (void)relu; (void)y; (void)nthreads;
+    return ort_fail(ORTCPU_E_INVALID_ARGUMENT,
+                    "conv1x1_p16: not in this build (x86-64-v4 only)");
+}
 
 int ortcpu_gemm_p16_available(void) { return 0; }
 

@@ -3,7 +3,9 @@ per plan, a direct convolution on NCHW with the bias, a residual addend and ReLU
 as the output leaves the registers (no im2col buffer, no extra passes over Y).
 
 It tiles the output as 6 channels x 16 positions ("packed"), or for small maps in float32
-also as 16 channels x 6 positions ("channels", no lanes lost to 7x7 maps). Which of these
+also as 16 channels x 6 positions ("channels", no lanes lost to 7x7 maps). A float32 1x1
+Conv on AVX-512 builds is also a GEMM candidate ("gemm": gemm_p16's 8x32 tile
+on the transposed product, native ``conv1x1_p16``). Which of these
 and the training kernel (``conv_forward``: im2col/Winograd/depthwise + GEMM, the epilogue
 as separate in-place passes) runs a Conv is decided per shape by measurement:
 the first run of a plan times them on its real inputs (wall time, the plan's thread
@@ -21,14 +23,15 @@ import time
 import torch
 
 from .._native import check_status, empty, ffi, get_num_threads, lib, native_fn, ptr
+from ..kernels.gemm import PackedWeight
 
 #: (geometry, dtype, bias?, steps, into a buffer?, threads) -> "packed" / "channels" /
-#: "training"
+#: "gemm" / "training"
 _DECIDED: dict[tuple, str] = {}
-#: "auto" (measure), or "packed" / "channels" / "training" for every Conv bound from now on
-#: ("channels" runs "packed" where channel tiles do not apply)
+#: "auto" (measure), or "packed" / "channels" / "gemm" / "training" for every Conv bound
+#: from now on ("channels" and "gemm" run "packed" where they do not apply)
 _MODE = [os.environ.get("ORTCPU_GRAPH_CONV", "auto").strip().lower() or "auto"]
-MODES = ("auto", "packed", "channels", "training")
+MODES = ("auto", "packed", "channels", "gemm", "training")
 if _MODE[0] not in MODES:
     raise ValueError(f"ORTCPU_GRAPH_CONV must be one of {MODES}, got {_MODE[0]!r}")
 #: timing rounds per candidate (alternating), after one warm-up call each; a candidate's
@@ -98,10 +101,44 @@ class PackedConv:
         return y
 
 
+def gemm_1x1(geom: list, dtype: torch.dtype) -> bool:
+    """Whether ``infer_geometry``'s geometry is a float32 1x1 unpadded Conv of one group,
+    which ``Conv1x1Gemm`` runs (AVX-512 builds only)."""
+    n, c, h, w, m, group, kh, kw, oh, ow, sh, sw, ph, pw = geom[:14]
+    return dtype == torch.float32 and group == 1 and kh == kw == 1 and ph == pw == 0 and \
+        (oh, ow) == ((h - 1) // sh + 1, (w - 1) // sw + 1) and \
+        bool(lib.ortcpu_conv1x1_p16_available())
+
+
+class Conv1x1Gemm:
+    """A ``gemm_1x1`` Conv: Y = W . X per sample as gemm_p16's transposed product (the
+    weight packed once; a strided Conv's X subsampled first, a copy of a quarter of X or
+    less), with ``PackedConv.run``'s signature."""
+
+    def __init__(self, w: torch.Tensor, geom: list, out_shape: tuple):
+        self.dtype = w.dtype
+        self.out_shape = tuple(out_shape)
+        self.nb, self.k, self.n = geom[0], geom[1], geom[4]
+        self.p = geom[8] * geom[9]
+        self.strides = (geom[10], geom[11])
+        self.sub_shape = (geom[0], geom[1], geom[8], geom[9])
+        self.weight = PackedWeight.pack(w.reshape(self.n, self.k), trans_b=True)
+
+    def run(self, x, b=None, res=None, relu=False, out=None):
+        if self.strides != (1, 1):
+            x = empty(self.sub_shape, self.dtype).copy_(
+                x[:, :, ::self.strides[0], ::self.strides[1]])
+        y = empty(self.out_shape, self.dtype) if out is None else out
+        check_status(lib.ortcpu_conv1x1_p16(self.nb, self.n, self.k, self.p, ptr(x),
+                                            ptr(self.weight.data), ptr(b), ptr(res),
+                                            int(relu), ptr(y), get_num_threads()), "Conv")
+        return y
+
+
 def set_mode(mode: str) -> None:
     """``"auto"``: each Conv signature runs on whichever kernel measured faster (the
     default; ``ORTCPU_GRAPH_CONV`` sets it at import); ``"packed"`` / ``"channels"`` /
-    ``"training"``: that
+    ``"gemm"`` / ``"training"``: that
     kernel for every Conv whose first run comes after this call (reproducible rounding,
     e.g. for outputs that are exact ties)."""
     if mode not in MODES:
@@ -140,7 +177,7 @@ def measured_choice(key: tuple, candidates: dict):
                     for other in [o for o in candidates if o != name]:
                         del candidates[other]
             else:
-                if mode == "channels" and mode not in candidates:
+                if mode in ("channels", "gemm") and mode not in candidates:
                     mode = "packed"
                 name = mode if mode in candidates else _pick(key, candidates, args)
                 chosen[:] = [candidates[name], name]
@@ -184,8 +221,8 @@ def _pick(key, candidates, args) -> str:
 
 
 def decisions() -> dict:
-    """The choices made so far (key -> "packed" / "channels" / "training"), for reports and
-    benchmarks."""
+    """The choices made so far (key -> "packed" / "channels" / "gemm" / "training"), for
+    reports and benchmarks."""
     return dict(_DECIDED)
 
 
@@ -254,4 +291,6 @@ def bind_static_conv(generic, w_const, geom, out_shape, xs, bs, dt, steps, into_
     cands = {"packed": native(packed), "training": gen}
     if chan is not None:
         cands["channels"] = native(chan)
+    if gemm_1x1(g16, dt):
+        cands["gemm"] = native(Conv1x1Gemm(w_const, g16, out_shape))
     return measured_choice(key, cands)

@@ -2,7 +2,8 @@
 kernel vs torch's conv2d forward in float64 (float32 and float64 inputs; odd channel
 counts, strides, pads, dilations, groups, size-1 maps, batch 1 and 8, bias / residual /
 ReLU epilogues, NaN), and through whole graphs (Conv+Relu, Conv+Add+Relu, Convs written
-into their Concat) with each of the two measured candidates forced."""
+into their Concat) with each of the measured candidates forced (row and channel tiles,
+the 1x1 GEMM, the training kernel)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch.nn.functional as F
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
-from ortcpu_torch._native import KernelError
+from ortcpu_torch._native import KernelError, lib
 from ortcpu_torch.graph import InferenceSession, conv_infer
 from ortcpu_torch.graph.conv_infer import PackedConv, infer_geometry
 from ortcpu_torch.kernels.conv import conv_geometry
@@ -227,6 +228,9 @@ def test_graph_both_candidates(kind, dtype, channels):
     assert any("Relu" in f for f in plan.fusions)
     names = set().union(*(c.candidates for c in choosers))
     assert ("channels" in names) == (dtype == torch.float32 and channels >= 16)
+    # the 1x1 Conv (residual and concat graphs) has the GEMM candidate on AVX-512 builds
+    assert ("gemm" in names) == (dtype == torch.float32 and kind != "relu" and
+                                 bool(lib.ortcpu_conv1x1_p16_available()))
     for name in sorted(names):
         for c in choosers:
             c.force(name if name in c.candidates else "packed")
@@ -249,7 +253,7 @@ def test_measured_choice_decides_once_per_signature():
     y = InferenceSession(m).run(None, {"x": x})[0]
     torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5)
     new = {k: v for k, v in conv_infer.decisions().items() if k not in before}
-    assert all(v in ("packed", "channels", "training") for v in new.values())
+    assert all(v in ("packed", "channels", "gemm", "training") for v in new.values())
     # a second session of the same shapes reuses the decisions (no new keys)
     InferenceSession(m).run(None, {"x": x})
     assert set(conv_infer.decisions()) == set(before) | set(new)
@@ -306,3 +310,37 @@ def test_measured_choice_drops_the_losers(keep):
             with pytest.raises(KeyError, match="keep_candidates"):
                 c.force(dropped)
     torch.testing.assert_close(sess.run(None, {"x": x})[0], y, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not lib.ortcpu_conv1x1_p16_available(),
+                    reason="the 1x1 GEMM candidate is built at x86-64-v4 only")
+@pytest.mark.parametrize("stride", [1, 2, 3])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_1x1_gemm_candidate_in_a_graph(stride, batch):
+    """A 1x1 Conv (+ residual Add + Relu fused into it) forced onto the GEMM candidate:
+    strided Convs read X subsampled; 40 output channels (a partial second panel) on an
+    odd 11x9 map."""
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((40, 24, 1, 1)).astype(np.float32)
+    b = rng.standard_normal(40).astype(np.float32)
+    oh, ow = (11 - 1) // stride + 1, (9 - 1) // stride + 1
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], strides=[stride, stride]),
+             helper.make_node("Add", ["c", "r"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+    g = helper.make_graph(nodes, "g", [
+        helper.make_tensor_value_info("x", TP.FLOAT, [batch, 24, 11, 9]),
+        helper.make_tensor_value_info("r", TP.FLOAT, [batch, 40, oh, ow])],
+        [helper.make_tensor_value_info("y", TP.FLOAT, [batch, 40, oh, ow])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    x, r = torch.randn(batch, 24, 11, 9), torch.randn(batch, 40, oh, ow)
+    conv_infer.set_mode("gemm")  # (the conftest fixture restores "packed")
+    sess = InferenceSession(m)
+    y = sess.run(None, {"x": x, "r": r})[0]
+    ex = sess.executor
+    plan = ex.plan_for(ex.positional({"x": x, "r": r}))
+    chosen = [getattr(bd.fn, "choice", bd.fn).chosen_name() for bd in plan.bound
+              if bd.node.op_type == "Conv"]
+    assert chosen == ["gemm"]
+    ref = F.conv2d(x.double(), torch.from_numpy(w).double(), torch.from_numpy(b).double(),
+                   stride) + r.double()
+    torch.testing.assert_close(y.double(), ref.relu(), rtol=1e-5, atol=1e-5)
