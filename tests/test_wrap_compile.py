@@ -355,12 +355,18 @@ class PickRecorder(GraphRecorder):
         return compiler
 
 
-def test_default_compile_kernels_auto_routes_conv_batchnorm_pool_only():
+def test_default_compile_kernels_auto_routes_conv_batchnorm_pool_and_fast_gemms():
+    """"auto": conv, BatchNorm, pooling; the CNN's Linear head too where our GEMM measured
+    clearly faster than torch's in this process (compiled.auto_families)."""
+    from ortcpu_torch.wrap import compiled
+
     rec = GraphRecorder()
     _train_side_by_side("cnn", CNN(), 2, rec)
     ours = {t.split(".")[1] for t in rec.forward if t.startswith("ortcpu.")}
+    gemm = {"linear"} if "linear" in compiled.auto_families() else set()
     assert ours == {"conv", "batch_norm", "batch_norm_update_stats", "max_pool",
-                    "global_avg_pool"}, ours
+                    "global_avg_pool"} | gemm, ours
+    assert compiled.auto_families()[:3] == compiled.AUTO
     assert report(wrap(CNN()), file=None).compiled["routed"][:1] == ["F.conv1d"]
 
 

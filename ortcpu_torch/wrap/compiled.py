@@ -21,6 +21,10 @@ Which families are routed: ``wrap(model, compile_kernels=...)`` (see ``FAMILIES`
 
 from __future__ import annotations
 
+import functools
+import statistics
+import time
+
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
@@ -292,19 +296,48 @@ ALL = tuple(FAMILIES)
 #: ``compile_kernels="auto"`` (the default): the families whose ortcpu:: ops measured
 #: faster inside an Inductor graph than Inductor's own code (benchmarks/wrap_compile.py,
 #: AVX2 EPYC): convolution (each signature on the faster of ours and ATen's, as above),
-#: BatchNorm and pooling. Not GEMMs: a custom op call costs ~0.1-0.4 ms more per
+#: BatchNorm and pooling; GEMMs too where our GEMM is clearly faster than torch's
+#: (``auto_families``). Not GEMMs otherwise: a custom op call costs ~0.1-0.4 ms more per
 #: forward+backward than Inductor's direct ATen call (torch.library's Python dispatch,
-#: measured on tiny to 64x256x256 shapes), more than our GEMM saves at the sizes
-#: measured (MLP 64x256: 0.80x with ``linear`` in, 0.90x without); nor GELU, LayerNorm,
+#: measured on tiny to 64x256x256 shapes), more than a GEMM of torch's speed saves (AVX2
+#: EPYC, MLP 64x256: 0.80x with ``linear`` in, 0.90x without); nor GELU, LayerNorm,
 #: softmax or cross entropy, which Inductor fuses with their neighbours.
 AUTO = ("conv", "batch_norm", "pool")
 COMPILE_CHOICES = ("auto", "ours", "torch")
+#: our float32 GEMM must take at most this share of torch.mm's time for ``linear`` to
+#: join "auto" (AMD Zen 5, our OpenBLAS on its AVX-512 kernels and torch's MKL on AVX2
+#: code: 0.45-0.55 at 256^3; eager-wrapped / compiled-wrapped per training step, GPT
+#: block 0.59x -> 1.02x with ``linear`` in, MLP 0.61x -> 0.82x)
+GEMM_EDGE = 0.8
+
+
+@functools.lru_cache(maxsize=1)
+def auto_families() -> tuple[str, ...]:
+    """The families of ``compile_kernels="auto"`` in this process: ``AUTO``, plus
+    ``linear`` when a 256x256x256 float32 GEMM of ours takes at most ``GEMM_EDGE`` of
+    ``torch.mm``'s time (median of 7 alternating rounds, measured once per process, a few
+    milliseconds)."""
+    from ..kernels.gemm import gemm
+
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    sides = {"ours": lambda: gemm(a, b, None), "torch": lambda: torch.mm(a, b)}
+    times: dict[str, list] = {k: [] for k in sides}
+    for f in sides.values():
+        f()
+    for r in range(7):
+        for name in (list(sides) if r % 2 else list(sides)[::-1]):
+            t0 = time.perf_counter()
+            for _ in range(3):
+                sides[name]()
+            times[name].append(time.perf_counter() - t0)
+    ratio = statistics.median(times["ours"]) / statistics.median(times["torch"])
+    return AUTO + ("linear",) if ratio <= GEMM_EDGE else AUTO
 
 
 def check_compile_kernels(value) -> tuple[str, ...]:
     """The families ``wrap(compile_kernels=value)`` routes under torch.compile."""
     if value == "auto":
-        return AUTO
+        return auto_families()
     if value == "ours":
         return ALL
     if value == "torch":
