@@ -125,7 +125,8 @@ def test_matmul_weight_binding_vs_ort(rows):
 
 
 needs_conv1x1 = pytest.mark.skipif(not lib.ortcpu_conv1x1_p16_available(),
-                                   reason="conv1x1_p16 is built at x86-64-v4 only")
+                                   reason="conv1x1_p16 / conv_p16 are built at x86-64-v4 "
+                                          "only")
 
 
 def _conv1x1(x, pw, b, r, relu, threads=2):
@@ -172,3 +173,48 @@ def test_conv1x1_p16_relu_keeps_nan_and_bad_sizes_fail():
         assert y.isnan().sum() == 20
     assert lib.ortcpu_conv1x1_p16(1, -1, 4, 9, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, 0,
                                   ffi.NULL, 1) != 0
+
+
+# (N, C, M, H, W, kernel, stride, pad, dilation): first layers, 3x3 stride 1 and 2, 5x5
+# dilated, strided 1x1, 7x7 stem, a 1x1 map, a kernel larger than its stride with pads
+CONV_P16_CASES = [(1, 3, 64, 30, 31, 3, 2, 0, 1), (1, 16, 64, 15, 15, 3, 1, 1, 1),
+                  (2, 5, 40, 9, 11, 3, 1, 1, 1), (1, 8, 17, 7, 7, 3, 2, 1, 1),
+                  (1, 4, 33, 13, 12, 5, 1, 2, 2), (3, 6, 8, 10, 9, 1, 2, 0, 1),
+                  (1, 3, 64, 20, 20, 7, 2, 3, 1), (1, 64, 64, 7, 7, 3, 1, 1, 1),
+                  (1, 2, 5, 1, 1, 3, 1, 1, 1), (2, 7, 50, 6, 5, 2, 3, 2, 1)]
+
+
+@needs_conv1x1
+@pytest.mark.parametrize("case", CONV_P16_CASES)
+def test_conv_p16_matches_float64(case):
+    """The implicit-GEMM convolution (row tiles of 8 positions, padded copies, strided and
+    dilated taps) with each epilogue, on 1 and 2 threads."""
+    from ortcpu_torch._native import ffi, ptr
+
+    nb, c, m, h, w, k, s, p, d = case
+    g = torch.Generator().manual_seed(5)
+    x, wt = torch.randn(nb, c, h, w, generator=g), torch.randn(m, c, k, k, generator=g)
+    oh, ow = ((n + 2 * p - d * (k - 1) - 1) // s + 1 for n in (h, w))
+    b, r = torch.randn(m, generator=g), torch.randn(nb, m, oh, ow, generator=g)
+    pw = PackedWeight.pack(wt.reshape(m, -1), True)
+    geom = ffi.new("int64_t[]", [nb, c, h, w, m, 1, k, k, oh, ow, s, s, p, p, d, d])
+    for bias, res, relu, threads in itertools.product((None, b), (None, r), (0, 1), (1, 2)):
+        y = torch.full((nb, m, oh, ow), float("nan"))
+        assert lib.ortcpu_conv_p16(ptr(x), ptr(pw.data), ptr(bias), ptr(res), relu, ptr(y),
+                                   geom, threads) == 0
+        ref = F.conv2d(x.double(), wt.double(), None if bias is None else bias.double(), s, p,
+                       d)
+        ref = ref if res is None else ref + res.double()
+        assert_close(y, (ref.relu() if relu else ref).float(), rtol=1e-5,
+                     atol=1e-5 * max(1.0, c * k * k / 64), msg=f"{case} {relu} {threads}")
+
+
+@needs_conv1x1
+def test_conv_p16_rejects_groups_and_negative_pads():
+    from ortcpu_torch._native import ffi
+
+    for bad in ([1, 4, 3, 3, 4, 2, 1, 1, 3, 3, 1, 1, 0, 0, 1, 1],
+                [1, 4, 3, 3, 4, 1, 1, 1, 3, 3, 1, 1, -1, 0, 1, 1]):
+        geom = ffi.new("int64_t[]", bad)
+        assert lib.ortcpu_conv_p16(ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, 0, ffi.NULL, geom,
+                                   1) != 0

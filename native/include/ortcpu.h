@@ -670,6 +670,15 @@ int ortcpu_gemm_p16(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda
  * packed by gemm_p16_pack(1, n, k, W, k, ...). gemm_p16's AVX-512 tile on the transposed
  * product; only in x86-64-v4 builds (conv1x1_p16_available(); elsewhere it fails
  * cleanly). */
+/* conv_p16 (gemm_p16.c): float32 2-D convolution of one group in NCHW, any kernel, strides,
+ * dilations and pads >= 0, on the same tile as the implicit GEMM Y^T = im2col(X)^T W^T (no
+ * im2col matrix; X zero-padded into scratch where windows reach outside it), + bias + res
+ * (Y's layout), ReLU when relu. geom: conv_infer's first 16 entries (N, C, H, W, M,
+ * group (must be 1), KH, KW, OH, OW, stride h/w, pad top/left, dilation h/w); W
+ * [M][C*KH*KW] packed by gemm_p16_pack(1, M, C*KH*KW, W, C*KH*KW, ...). x86-64-v4 builds
+ * only (conv1x1_p16_available() says so). */
+int ortcpu_conv_p16(const float *x, const float *packed, const float *bias, const float *res,
+                    int relu, float *y, const int64_t *geom, int nthreads);
 int ortcpu_conv1x1_p16_available(void);
 int ortcpu_conv1x1_p16(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
                        const float *packed, const float *bias, const float *res, int relu,

@@ -13,6 +13,7 @@
 #include "common.h"
 
 #include <omp.h>
+#include <string.h>
 
 #define P16 16
 
@@ -152,6 +153,11 @@ p16_tile(int R, const float *restrict a, int64_t lda, const float *restrict p, i
  * AVX-512 FMA rate). R is a constant in each call (p16_panels512's switch), so the
  * accumulator arrays unroll into registers. */
 #define P16_R512 8
+/* panel rows (one cache line each) fetched ahead of the tile's loads: a plan's weights
+ * come from memory on a graph's first pass over them (more than the L3 holds) */
+#ifndef P16_AHEAD
+#define P16_AHEAD 96
+#endif
 
 __attribute__((target("arch=x86-64-v4"), always_inline)) static inline void
 p16_put512(__m512 v, const float *restrict bias, float *restrict c, int64_t w)
@@ -172,8 +178,8 @@ p16_tile512(int R, const float *restrict a, int64_t lda, const float *restrict p
     for (int i = 0; i < R; i++) c0[i] = c1[i] = _mm512_setzero_ps();
     if (p1) {
         for (int64_t kk = 0; kk < k; kk++) {
-            _mm_prefetch((const char *)(p0 + (kk + 16) * P16), _MM_HINT_T0);
-            _mm_prefetch((const char *)(p1 + (kk + 16) * P16), _MM_HINT_T0);
+            _mm_prefetch((const char *)(p0 + (kk + P16_AHEAD) * P16), _MM_HINT_T0);
+            _mm_prefetch((const char *)(p1 + (kk + P16_AHEAD) * P16), _MM_HINT_T0);
             __m512 b0 = _mm512_loadu_ps(p0 + kk * P16), b1 = _mm512_loadu_ps(p1 + kk * P16);
 #pragma GCC unroll 8
             for (int i = 0; i < R; i++) {
@@ -184,7 +190,7 @@ p16_tile512(int R, const float *restrict a, int64_t lda, const float *restrict p
         }
     } else {
         for (int64_t kk = 0; kk < k; kk++) {
-            _mm_prefetch((const char *)(p0 + (kk + 16) * P16), _MM_HINT_T0);
+            _mm_prefetch((const char *)(p0 + (kk + P16_AHEAD) * P16), _MM_HINT_T0);
             __m512 b0 = _mm512_loadu_ps(p0 + kk * P16);
 #pragma GCC unroll 8
             for (int i = 0; i < R; i++)
@@ -296,7 +302,8 @@ c1_tile(int R, const float *restrict x, int64_t p, const float *restrict pa,
     __m512 c0[P16_R512], c1[P16_R512];
     for (int i = 0; i < P16_R512; i++) c0[i] = c1[i] = _mm512_setzero_ps();
     for (int64_t kk = 0; kk < k; kk++) {
-        _mm_prefetch((const char *)(pa + (kk + 16) * P16), _MM_HINT_T0);
+        _mm_prefetch((const char *)(pa + (kk + P16_AHEAD) * P16), _MM_HINT_T0);
+        if (pb) _mm_prefetch((const char *)(pb + (kk + P16_AHEAD) * P16), _MM_HINT_T0);
         __m512 b0 = _mm512_loadu_ps(pa + kk * P16);
         __m512 b1 = pb ? _mm512_loadu_ps(pb + kk * P16) : b0;
         const float *xr = x + kk * p;
@@ -352,6 +359,160 @@ c1_units(int64_t u0, int64_t u1, int64_t n, int64_t k, int64_t p, const float *x
     }
 }
 
+/* ---- any 2-D convolution of one group on the same tile (conv_p16) --------------------
+ * The implicit GEMM Y_s^T = im2col(X_s)^T W^T without the im2col matrix: a tile is 8
+ * consecutive output positions of one output row x 32 output channels; for reduction step
+ * kk = (channel, tap) its rows broadcast X at off[kk] + i * sw from the row's first input
+ * position (X zero-padded once per call where the windows read outside it), so a stride-1
+ * tile reads 8 consecutive floats. Stored as conv1x1_p16's tile (c1_store). */
+__attribute__((target("arch=x86-64-v4"), always_inline)) static inline void
+cg_tile(int R, int unit_stride, const float *restrict xb, const int64_t *restrict off,
+        int64_t sw, const float *restrict pa, const float *restrict pb, int64_t k,
+        const float *restrict bias, const float *res, int relu, float *y, int64_t p,
+        int64_t w0, int64_t w1)
+{
+    __m512 c0[P16_R512], c1[P16_R512];
+    for (int i = 0; i < P16_R512; i++) c0[i] = c1[i] = _mm512_setzero_ps();
+    const int64_t s = unit_stride ? 1 : sw;
+    for (int64_t kk = 0; kk < k; kk++) {
+        _mm_prefetch((const char *)(pa + (kk + P16_AHEAD) * P16), _MM_HINT_T0);
+        if (pb) _mm_prefetch((const char *)(pb + (kk + P16_AHEAD) * P16), _MM_HINT_T0);
+        __m512 b0 = _mm512_loadu_ps(pa + kk * P16);
+        __m512 b1 = pb ? _mm512_loadu_ps(pb + kk * P16) : b0;
+        const float *xr = xb + off[kk];
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            __m512 av = _mm512_set1_ps(xr[i * s]);
+            c0[i] = _mm512_fmadd_ps(av, b0, c0[i]);
+            if (pb) c1[i] = _mm512_fmadd_ps(av, b1, c1[i]);
+        }
+    }
+    __mmask16 m0 = (__mmask16)((1u << w0) - 1), m1 = (__mmask16)((1u << w1) - 1);
+    __m512 bv0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+    __m512 bv1 = bias && pb ? _mm512_maskz_loadu_ps(m1, bias + P16) : _mm512_setzero_ps();
+    for (int i = 0; i < P16_R512; i++) {
+        c0[i] = _mm512_add_ps(c0[i], bv0);
+        c1[i] = _mm512_add_ps(c1[i], bv1);
+        if (relu && !res) {
+            c0[i] = _mm512_max_ps(_mm512_setzero_ps(), c0[i]);
+            c1[i] = _mm512_max_ps(_mm512_setzero_ps(), c1[i]);
+        }
+    }
+    c1_store(c0, R, w0, res, relu, y, p);
+    if (pb) c1_store(c1, R, w1, res ? res + P16 * p : NULL, relu, y + P16 * p, p);
+}
+
+typedef struct {
+    int64_t n, k, oh, ow, sh, sw;
+    int64_t sample, row; /* padded input: elements per sample, per row */
+    const float *x;                               /* padded input, [nb][c][plane] */
+    const int64_t *off;                           /* [k] offsets of (channel, tap) */
+    const float *packed, *bias, *res;
+    float *y;
+    int relu;
+} cg_ctx;
+
+/* units [u0, u1): unit u is output row u % oh of panel pair (u / oh) % pairs of sample
+ * u / (oh * pairs): a thread's consecutive units share their panel pair */
+__attribute__((target("arch=x86-64-v4"))) static void
+cg_units(const cg_ctx *g, int64_t u0, int64_t u1)
+{
+    int64_t n = g->n, k = g->k, p = g->oh * g->ow;
+    int64_t panels = (n + P16 - 1) / P16, pairs = (panels + 1) / 2;
+    for (int64_t u = u0; u < u1; u++) {
+        int64_t oy = u % g->oh, q = 2 * ((u / g->oh) % pairs), smp = u / (g->oh * pairs);
+        int64_t j0 = q * P16;
+        const float *pa = g->packed + q * P16 * k, *pb = q + 1 < panels ? pa + P16 * k : NULL;
+        int64_t w0 = n - j0 < P16 ? n - j0 : P16;
+        int64_t w1 = pb ? (n - j0 - P16 < P16 ? n - j0 - P16 : P16) : 0;
+        const float *bj = g->bias ? g->bias + j0 : NULL;
+        const float *xrow = g->x + smp * g->sample + oy * g->sh * g->row;
+        int64_t yoff = (smp * n + j0) * p + oy * g->ow;
+        for (int64_t ox = 0; ox < g->ow; ox += P16_R512) {
+            const float *xb = xrow + ox * g->sw;
+            const float *ri = g->res ? g->res + yoff + ox : NULL;
+            float *yi = g->y + yoff + ox;
+            int R = (int)(g->ow - ox < P16_R512 ? g->ow - ox : P16_R512);
+#define CG_CASE(r)                                                                          \
+    case r:                                                                                 \
+        if (g->sw == 1)                                                                     \
+            cg_tile(r, 1, xb, g->off, 1, pa, pb, k, bj, ri, g->relu, yi, p, w0, w1);        \
+        else                                                                                \
+            cg_tile(r, 0, xb, g->off, g->sw, pa, pb, k, bj, ri, g->relu, yi, p, w0, w1);    \
+        break;
+            switch (R) {
+                CG_CASE(8) CG_CASE(7) CG_CASE(6) CG_CASE(5) CG_CASE(4) CG_CASE(3) CG_CASE(2)
+                default: CG_CASE(1)
+            }
+#undef CG_CASE
+        }
+    }
+}
+
+int ortcpu_conv_p16(const float *x, const float *packed, const float *bias, const float *res,
+                    int relu, float *y, const int64_t *geom, int nthreads)
+{
+    int64_t nb = geom[0], c = geom[1], h = geom[2], w = geom[3], m = geom[4];
+    int64_t kh = geom[6], kw = geom[7], oh = geom[8], ow = geom[9], sh = geom[10];
+    int64_t sw = geom[11], pt = geom[12], pl = geom[13], dh = geom[14], dw = geom[15];
+    if (nb < 0 || c < 1 || h < 1 || w < 1 || m < 0 || geom[5] != 1 || kh < 1 || kw < 1 ||
+        oh < 0 || ow < 0 || sh < 1 || sw < 1 || pt < 0 || pl < 0 || dh < 1 || dw < 1)
+        return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv_p16: unsupported geometry (one "
+                        "group, pads >= 0, strides and dilations >= 1)");
+    if (nb == 0 || m == 0 || oh == 0 || ow == 0) return ORTCPU_OK;
+    /* the padded plane covers every window; the input sits at (pt, pl) in it */
+    int64_t PH = (oh - 1) * sh + (kh - 1) * dh + 1, PW = (ow - 1) * sw + (kw - 1) * dw + 1;
+    if (PH < pt + h) PH = pt + h;
+    if (PW < pl + w) PW = pl + w;
+    int64_t k = c * kh * kw, plane = PH * PW;
+    int copy = pt || pl || PH != h || PW != w;
+    size_t xbytes = copy ? (size_t)(nb * c * plane) * sizeof(float) : 0;
+    int64_t *off = ort_scratch((size_t)k * sizeof(int64_t));
+    float *xp = copy ? ort_scratch(xbytes) : NULL;
+    if (!off || (copy && !xp)) {
+        ort_scratch_free(off);
+        ort_scratch_free(xp);
+        return ort_fail(ORTCPU_E_OUT_OF_MEMORY, "conv_p16: scratch");
+    }
+    for (int64_t ci = 0, kk = 0; ci < c; ci++)
+        for (int64_t ky = 0; ky < kh; ky++)
+            for (int64_t kx = 0; kx < kw; kx++) off[kk++] = ci * plane + ky * dh * PW + kx * dw;
+    int64_t pairs = ((m + P16 - 1) / P16 + 1) / 2, units = nb * pairs * oh;
+    int t = nthreads < 1 ? 1 : nthreads;
+    if (2.0 * (double)nb * (double)m * (double)k * (double)(oh * ow) < 1e6 || units < 2 * t ||
+        omp_in_parallel())
+        t = 1;
+    cg_ctx g = {m, k, oh, ow, sh, sw, c * plane, PW, copy ? xp : x, off, packed, bias, res, y,
+                relu};
+#pragma omp parallel num_threads(t) if (t > 1)
+    {
+        int id = omp_get_thread_num(), nt = omp_get_num_threads();
+        if (copy) { /* each thread pads its share of the planes */
+            int64_t planes = nb * c, per = (planes + nt - 1) / nt, p0 = id * per;
+            int64_t p1 = p0 + per < planes ? p0 + per : planes;
+            for (int64_t pi = p0; pi < p1; pi++) {
+                float *d = xp + pi * plane;
+                const float *sx = x + pi * h * w;
+                memset(d, 0, (size_t)(pt * PW) * sizeof(float));
+                for (int64_t r = 0; r < h; r++) {
+                    float *dr = d + (pt + r) * PW;
+                    memset(dr, 0, (size_t)pl * sizeof(float));
+                    memcpy(dr + pl, sx + r * w, (size_t)w * sizeof(float));
+                    memset(dr + pl + w, 0, (size_t)(PW - pl - w) * sizeof(float));
+                }
+                memset(d + (pt + h) * PW, 0, (size_t)((PH - pt - h) * PW) * sizeof(float));
+            }
+#pragma omp barrier
+        }
+        int64_t per = (units + nt - 1) / nt, u0 = id * per;
+        int64_t u1 = u0 + per < units ? u0 + per : units;
+        if (u0 < u1) cg_units(&g, u0, u1);
+    }
+    ort_scratch_free(xp);
+    ort_scratch_free(off);
+    return ORTCPU_OK;
+}
+
 int ortcpu_conv1x1_p16_available(void) { return 1; }
 
 int ortcpu_conv1x1_p16(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
@@ -385,6 +546,14 @@ int ortcpu_conv1x1_p16(int64_t nb, int64_t n, int64_t k, int64_t p, const float 
 #define P16_SPLIT 2
 #else
 #define P16_SPLIT 1
+
+int ortcpu_conv_p16(const float *x, const float *packed, const float *bias, const float *res,
+                    int relu, float *y, const int64_t *geom, int nthreads)
+{
+    (void)x; (void)packed; (void)bias; (void)res; (void)relu; (void)y; (void)geom;
+    (void)nthreads;
+    return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv_p16: not in this build (x86-64-v4 only)");
+}
 
 int ortcpu_conv1x1_p16_available(void) { return 0; }
 
@@ -449,6 +618,14 @@ int ortcpu_gemm_p16(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda
 }
 
 #else
+
+int ortcpu_conv_p16(const float *x, const float *packed, const float *bias, const float *res,
+                    int relu, float *y, const int64_t *geom, int nthreads)
+{
+    (void)x; (void)packed; (void)bias; (void)res; (void)relu; (void)y; (void)geom;
+    (void)nthreads;
+    return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv_p16: not in this build (x86-64-v4 only)");
+}
 
 int ortcpu_conv1x1_p16_available(void) { return 0; }
 

@@ -3,9 +3,10 @@ per plan, a direct convolution on NCHW with the bias, a residual addend and ReLU
 as the output leaves the registers (no im2col buffer, no extra passes over Y).
 
 It tiles the output as 6 channels x 16 positions ("packed"), or for small maps in float32
-also as 16 channels x 6 positions ("channels", no lanes lost to 7x7 maps). A float32 1x1
-Conv on AVX-512 builds is also a GEMM candidate ("gemm": gemm_p16's 8x32 tile
-on the transposed product, native ``conv1x1_p16``). Which of these
+also as 16 channels x 6 positions ("channels", no lanes lost to 7x7 maps). A float32 Conv
+of one group on AVX-512 builds is also a GEMM candidate ("gemm": gemm_p16's 8x32 tile on
+the transposed implicit GEMM, positions x output channels, native ``conv_p16`` and
+``conv1x1_p16``). Which of these
 and the training kernel (``conv_forward``: im2col/Winograd/depthwise + GEMM, the epilogue
 as separate in-place passes) runs a Conv is decided per shape by measurement:
 the first run of a plan times them on its real inputs (wall time, the plan's thread
@@ -101,37 +102,40 @@ class PackedConv:
         return y
 
 
-def gemm_1x1(geom: list, dtype: torch.dtype) -> bool:
-    """Whether ``infer_geometry``'s geometry is a float32 1x1 unpadded Conv of one group,
-    which ``Conv1x1Gemm`` runs (AVX-512 builds only)."""
-    n, c, h, w, m, group, kh, kw, oh, ow, sh, sw, ph, pw = geom[:14]
-    return dtype == torch.float32 and group == 1 and kh == kw == 1 and ph == pw == 0 and \
-        (oh, ow) == ((h - 1) // sh + 1, (w - 1) // sw + 1) and \
+def gemm_candidate(geom: list, dtype: torch.dtype) -> bool:
+    """Whether ``infer_geometry``'s geometry is a float32 Conv of one group, which
+    ``GemmConv`` runs (AVX-512 builds only)."""
+    return dtype == torch.float32 and geom[5] == 1 and \
         bool(lib.ortcpu_conv1x1_p16_available())
 
 
-class Conv1x1Gemm:
-    """A ``gemm_1x1`` Conv: Y = W . X per sample as gemm_p16's transposed product (the
-    weight packed once; a strided Conv's X subsampled first, a copy of a quarter of X or
-    less), with ``PackedConv.run``'s signature."""
+class GemmConv:
+    """A ``gemm_candidate`` Conv on gemm_p16's AVX-512 tile, the weight packed once as
+    W^T [C*KH*KW, M]: Y^T = im2col(X)^T W^T per sample without an im2col matrix (native
+    ``conv_p16``: tiles of 8 positions of one output row), or for a 1x1 stride-1 unpadded
+    Conv Y^T = X^T W^T over the flattened positions (``conv1x1_p16``); with
+    ``PackedConv.run``'s signature."""
 
     def __init__(self, w: torch.Tensor, geom: list, out_shape: tuple):
         self.dtype = w.dtype
         self.out_shape = tuple(out_shape)
-        self.nb, self.k, self.n = geom[0], geom[1], geom[4]
-        self.p = geom[8] * geom[9]
-        self.strides = (geom[10], geom[11])
-        self.sub_shape = (geom[0], geom[1], geom[8], geom[9])
-        self.weight = PackedWeight.pack(w.reshape(self.n, self.k), trans_b=True)
+        n, c, h, wd, m = geom[:5]
+        self.nb, self.k, self.n, self.p = n, c, m, h * wd
+        self.pointwise = geom[6] == geom[7] == geom[10] == geom[11] == 1 and \
+            geom[12] == geom[13] == 0 and (geom[8], geom[9]) == (h, wd)
+        self.geom = ffi.new("int64_t[]", list(geom)[:16])
+        self.weight = PackedWeight.pack(w.reshape(m, -1), trans_b=True)
 
     def run(self, x, b=None, res=None, relu=False, out=None):
-        if self.strides != (1, 1):
-            x = empty(self.sub_shape, self.dtype).copy_(
-                x[:, :, ::self.strides[0], ::self.strides[1]])
         y = empty(self.out_shape, self.dtype) if out is None else out
-        check_status(lib.ortcpu_conv1x1_p16(self.nb, self.n, self.k, self.p, ptr(x),
-                                            ptr(self.weight.data), ptr(b), ptr(res),
-                                            int(relu), ptr(y), get_num_threads()), "Conv")
+        if self.pointwise:
+            st = lib.ortcpu_conv1x1_p16(self.nb, self.n, self.k, self.p, ptr(x),
+                                        ptr(self.weight.data), ptr(b), ptr(res), int(relu),
+                                        ptr(y), get_num_threads())
+        else:
+            st = lib.ortcpu_conv_p16(ptr(x), ptr(self.weight.data), ptr(b), ptr(res),
+                                     int(relu), ptr(y), self.geom, get_num_threads())
+        check_status(st, "Conv")
         return y
 
 
@@ -291,6 +295,6 @@ def bind_static_conv(generic, w_const, geom, out_shape, xs, bs, dt, steps, into_
     cands = {"packed": native(packed), "training": gen}
     if chan is not None:
         cands["channels"] = native(chan)
-    if gemm_1x1(g16, dt):
-        cands["gemm"] = native(Conv1x1Gemm(w_const, g16, out_shape))
+    if gemm_candidate(g16, dt):
+        cands["gemm"] = native(GemmConv(w_const, g16, out_shape))
     return measured_choice(key, cands)

@@ -228,8 +228,8 @@ def test_graph_both_candidates(kind, dtype, channels):
     assert any("Relu" in f for f in plan.fusions)
     names = set().union(*(c.candidates for c in choosers))
     assert ("channels" in names) == (dtype == torch.float32 and channels >= 16)
-    # the 1x1 Conv (residual and concat graphs) has the GEMM candidate on AVX-512 builds
-    assert ("gemm" in names) == (dtype == torch.float32 and kind != "relu" and
+    # float32 Convs have the GEMM candidate on AVX-512 builds
+    assert ("gemm" in names) == (dtype == torch.float32 and
                                  bool(lib.ortcpu_conv1x1_p16_available()))
     for name in sorted(names):
         for c in choosers:
@@ -298,28 +298,30 @@ def test_measured_choice_drops_the_losers(keep):
         choosers = [getattr(b.fn, "choice", b.fn) for b in plan.bound
                     if b.node.op_type == "Conv"]
         choosers = [c for c in choosers if hasattr(c, "force")]
-        assert choosers and all(len(c.candidates) == 3 for c in choosers)
+        every = {"packed", "channels", "training"} | \
+            ({"gemm"} if lib.ortcpu_conv1x1_p16_available() else set())
+        assert choosers and all(set(c.candidates) == every for c in choosers)
         y = sess.run(None, {"x": x})[0]
     finally:
         conv_infer.keep_candidates(False)
     torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5)
     for c in choosers:
-        assert len(c.candidates) == (3 if keep else 1)
+        assert len(c.candidates) == (len(every) if keep else 1)
         if not keep:
-            dropped = ({"packed", "channels", "training"} - set(c.candidates)).pop()
+            dropped = (every - set(c.candidates)).pop()
             with pytest.raises(KeyError, match="keep_candidates"):
                 c.force(dropped)
     torch.testing.assert_close(sess.run(None, {"x": x})[0], y, rtol=0, atol=0)
 
 
 @pytest.mark.skipif(not lib.ortcpu_conv1x1_p16_available(),
-                    reason="the 1x1 GEMM candidate is built at x86-64-v4 only")
+                    reason="the GEMM candidate is built at x86-64-v4 only")
 @pytest.mark.parametrize("stride", [1, 2, 3])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_1x1_gemm_candidate_in_a_graph(stride, batch):
-    """A 1x1 Conv (+ residual Add + Relu fused into it) forced onto the GEMM candidate:
-    strided Convs read X subsampled; 40 output channels (a partial second panel) on an
-    odd 11x9 map."""
+    """A 1x1 Conv (+ residual Add + Relu fused into it) forced onto the GEMM candidate
+    (stride 1: conv1x1_p16 over the flattened positions; strided: conv_p16's row tiles);
+    40 output channels (a partial second panel) on an odd 11x9 map."""
     rng = np.random.default_rng(4)
     w = rng.standard_normal((40, 24, 1, 1)).astype(np.float32)
     b = rng.standard_normal(40).astype(np.float32)
