@@ -1,7 +1,8 @@
 """The pre-packed float32 small-batch GEMM (native/src/gemm_p16.c, kernels.gemm.PackedWeight)
 vs float64 torch over the micro-kernels' edges (AVX2 4x16: rows 1-4 and 5+; AVX-512 8x32:
 row blocks of 8 and remainders, odd panel counts; partial 16-column panels, k not a
-multiple of 4), and the executor's MatMul/Gemm bindings that use it vs ORT."""
+multiple of 4), the convolutions on the AVX-512 tile (conv1x1_p16, conv_p16) vs float64
+F.conv2d, and the executor's MatMul/Gemm bindings that use it vs ORT."""
 
 from __future__ import annotations
 

@@ -320,8 +320,8 @@ def test_measured_choice_drops_the_losers(keep):
 @pytest.mark.parametrize("batch", [1, 3])
 def test_1x1_gemm_candidate_in_a_graph(stride, batch):
     """A 1x1 Conv (+ residual Add + Relu fused into it) forced onto the GEMM candidate
-    (stride 1: conv1x1_p16 over the flattened positions; strided: conv_p16's row tiles);
-    40 output channels (a partial second panel) on an odd 11x9 map."""
+    (conv1x1_p16 over the flattened positions; a strided one reads X subsampled); 40
+    output channels (a partial second panel) on an odd 11x9 map."""
     rng = np.random.default_rng(4)
     w = rng.standard_normal((40, 24, 1, 1)).astype(np.float32)
     b = rng.standard_normal(40).astype(np.float32)
