@@ -329,15 +329,19 @@ c1_tile(int R, const float *restrict x, int64_t p, const float *restrict pa,
     if (pb) c1_store(c1, R, w1, res ? res + P16 * p : NULL, relu, y + P16 * p, p);
 }
 
-/* work units [u0, u1): unit u is sample u % nb, panel pair u / nb (a panel pair serves
- * the whole batch while it is in L2) */
+/* work units [u0, u1): one sample and one panel pair each, the larger of the two kept
+ * cached while the smaller streams past it (as cg_units): pair major (u = pair * nb +
+ * sample) when a panel pair (2 * 16 * k floats) outweighs a sample (k * p), else sample
+ * major */
 __attribute__((target("arch=x86-64-v4"))) static void
 c1_units(int64_t u0, int64_t u1, int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
          const float *packed, const float *bias, const float *res, int relu, float *y)
 {
-    int64_t panels = (n + P16 - 1) / P16;
+    int64_t panels = (n + P16 - 1) / P16, pairs = (panels + 1) / 2;
+    int pair_major = p < 2 * P16;
     for (int64_t u = u0; u < u1; u++) {
-        int64_t s = u % nb, q = 2 * (u / nb), j0 = q * P16;
+        int64_t s = pair_major ? u % nb : u / pairs;
+        int64_t q = 2 * (pair_major ? u / nb : u % pairs), j0 = q * P16;
         const float *pa = packed + q * P16 * k, *pb = q + 1 < panels ? pa + P16 * k : NULL;
         int64_t w0 = n - j0 < P16 ? n - j0 : P16;
         int64_t w1 = pb ? (n - j0 - P16 < P16 ? n - j0 - P16 : P16) : 0;
@@ -406,6 +410,7 @@ cg_tile(int R, int unit_stride, const float *restrict xb, const int64_t *restric
 typedef struct {
     int64_t nb, n, k, oh, ow, sh, sw;
     int64_t sample, row; /* padded input: elements per sample, per row */
+    int pair_major;
     const float *x;                               /* padded input, [nb][c][plane] */
     const int64_t *off;                           /* [k] offsets of (channel, tap) */
     const float *packed, *bias, *res;
@@ -413,16 +418,19 @@ typedef struct {
     int relu;
 } cg_ctx;
 
-/* units [u0, u1): unit u is output row u % oh of sample (u / oh) % nb for panel pair
- * u / (oh * nb): a thread's consecutive units share their panel pair across the batch
- * (it stays in L2 while every sample's rows stream past it) */
+/* units [u0, u1): unit u is output row u % oh of one sample and one panel pair, ordered
+ * so that the larger of the two stays cached while the smaller streams past it: pair
+ * major (u / oh = pair * nb + sample) when a panel pair is larger than a sample's padded
+ * input (late layers: few positions, many channels), else sample major */
 __attribute__((target("arch=x86-64-v4"))) static void
 cg_units(const cg_ctx *g, int64_t u0, int64_t u1)
 {
     int64_t n = g->n, k = g->k, p = g->oh * g->ow;
-    int64_t panels = (n + P16 - 1) / P16;
+    int64_t panels = (n + P16 - 1) / P16, pairs = (panels + 1) / 2;
     for (int64_t u = u0; u < u1; u++) {
-        int64_t oy = u % g->oh, smp = (u / g->oh) % g->nb, q = 2 * (u / (g->oh * g->nb));
+        int64_t oy = u % g->oh, r = u / g->oh;
+        int64_t smp = g->pair_major ? r % g->nb : r / pairs;
+        int64_t q = 2 * (g->pair_major ? r / g->nb : r % pairs);
         int64_t j0 = q * P16;
         const float *pa = g->packed + q * P16 * k, *pb = q + 1 < panels ? pa + P16 * k : NULL;
         int64_t w0 = n - j0 < P16 ? n - j0 : P16;
@@ -484,8 +492,8 @@ int ortcpu_conv_p16(const float *x, const float *packed, const float *bias, cons
     if (2.0 * (double)nb * (double)m * (double)k * (double)(oh * ow) < 1e6 || units < 2 * t ||
         omp_in_parallel())
         t = 1;
-    cg_ctx g = {nb, m, k, oh, ow, sh, sw, c * plane, PW, copy ? xp : x, off, packed, bias, res, y,
-                relu};
+    cg_ctx g = {nb, m, k, oh, ow, sh, sw, c * plane, PW, 2 * P16 * k > c * plane,
+                copy ? xp : x, off, packed, bias, res, y, relu};
 #pragma omp parallel num_threads(t) if (t > 1)
     {
         int id = omp_get_thread_num(), nt = omp_get_num_threads();
