@@ -125,7 +125,7 @@ def test_matmul_weight_binding_vs_ort(rows):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-needs_conv1x1 = pytest.mark.skipif(not lib.ortcpu_conv1x1_p16_available(),
+needs_conv1x1 = pytest.mark.skipif(not lib.ortcpu_conv_p16_available(),
                                    reason="conv1x1_p16 / conv_p16 are built at x86-64-v4 "
                                           "only")
 

@@ -664,22 +664,19 @@ int ortcpu_gemm_p16_pack(int trans_b, int64_t n, int64_t k, const float *b, int6
 int ortcpu_gemm_p16(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                     const float *packed, const float *bias, float *c, int64_t ldc,
                     int nthreads);
-/* conv1x1_p16 (gemm_p16.c): float32 1x1 stride-1 unpadded convolution of nb samples in
- * NCHW, X [nb][k][p] (k input channels, p = H*W positions) -> Y [nb][n][p] = W . X_s
- * + bias (n, may be NULL) + res (Y's layout, may be NULL), then ReLU when relu; W [n][k]
- * packed by gemm_p16_pack(1, n, k, W, k, ...). gemm_p16's AVX-512 tile on the transposed
- * product; only in x86-64-v4 builds (conv1x1_p16_available(); elsewhere it fails
- * cleanly). */
 /* conv_p16 (gemm_p16.c): float32 2-D convolution of one group in NCHW, any kernel, strides,
- * dilations and pads >= 0, on the same tile as the implicit GEMM Y^T = im2col(X)^T W^T (no
- * im2col matrix; X zero-padded into scratch where windows reach outside it), + bias + res
- * (Y's layout), ReLU when relu. geom: conv_infer's first 16 entries (N, C, H, W, M,
- * group (must be 1), KH, KW, OH, OW, stride h/w, pad top/left, dilation h/w); W
- * [M][C*KH*KW] packed by gemm_p16_pack(1, M, C*KH*KW, W, C*KH*KW, ...). x86-64-v4 builds
- * only (conv1x1_p16_available() says so). */
+ * dilations and pads >= 0, on gemm_p16's AVX-512 tile as the implicit GEMM
+ * Y^T = im2col(X)^T W^T (no im2col matrix; X zero-padded into scratch where windows reach
+ * outside it), + bias (M, may be NULL) + res (Y's layout, may be NULL), then ReLU when
+ * relu. geom: conv_infer's first 16 entries (N, C, H, W, M, group (must be 1), KH, KW,
+ * OH, OW, stride h/w, pad top/left, dilation h/w); W [M][C*KH*KW] packed by
+ * gemm_p16_pack(1, M, C*KH*KW, W, C*KH*KW, ...).
+ * conv1x1_p16: the 1x1 stride-1 unpadded case over the flattened positions, X [nb][k][p]
+ * (k input channels, p = H*W) -> Y [nb][n][p], W [n][k] packed likewise.
+ * Both only in x86-64-v4 builds (conv_p16_available(); elsewhere they fail cleanly). */
+int ortcpu_conv_p16_available(void);
 int ortcpu_conv_p16(const float *x, const float *packed, const float *bias, const float *res,
                     int relu, float *y, const int64_t *geom, int nthreads);
-int ortcpu_conv1x1_p16_available(void);
 int ortcpu_conv1x1_p16(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
                        const float *packed, const float *bias, const float *res, int relu,
                        float *y, int nthreads);

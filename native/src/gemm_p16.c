@@ -523,7 +523,7 @@ int ortcpu_conv_p16(const float *x, const float *packed, const float *bias, cons
     return ORTCPU_OK;
 }
 
-int ortcpu_conv1x1_p16_available(void) { return 1; }
+int ortcpu_conv_p16_available(void) { return 1; }
 
 int ortcpu_conv1x1_p16(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
                        const float *packed, const float *bias, const float *res, int relu,
@@ -556,27 +556,6 @@ int ortcpu_conv1x1_p16(int64_t nb, int64_t n, int64_t k, int64_t p, const float 
 #define P16_SPLIT 2
 #else
 #define P16_SPLIT 1
-
-int ortcpu_conv_p16(const float *x, const float *packed, const float *bias, const float *res,
-                    int relu, float *y, const int64_t *geom, int nthreads)
-{
-    (void)x; (void)packed; (void)bias; (void)res; (void)relu; (void)y; (void)geom;
-    (void)nthreads;
-    return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv_p16: not in this build (x86-64-v4 only)");
-}
-
-int ortcpu_conv1x1_p16_available(void) { return 0; }
-
-int ortcpu_conv1x1_p16(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
-                       const float *packed, const float *bias, const float *res, int relu,
-                       float *y, int nthreads)
-{
-    (void)nb; (void)n; (void)k; (void)p; (void)x; (void)packed; (void)bias; (void)res;
-    (void)relu; (void)y; (void)nthreads;
-    return ort_fail(ORTCPU_E_INVALID_ARGUMENT,
-                    "conv1x1_p16: not in this build (x86-64-v4 only)");
-}
-
 
 __attribute__((target("avx2,fma"))) static void
 p16_panels(int64_t p0, int64_t p1, int64_t m, int64_t n, int64_t k, const float *a,
@@ -629,26 +608,6 @@ int ortcpu_gemm_p16(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda
 
 #else
 
-int ortcpu_conv_p16(const float *x, const float *packed, const float *bias, const float *res,
-                    int relu, float *y, const int64_t *geom, int nthreads)
-{
-    (void)x; (void)packed; (void)bias; (void)res; (void)relu; (void)y; (void)geom;
-    (void)nthreads;
-    return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv_p16: not in this build (x86-64-v4 only)");
-}
-
-int ortcpu_conv1x1_p16_available(void) { return 0; }
-
-int ortcpu_conv1x1_p16(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
-                       const float *packed, const float *bias, const float *res, int relu,
-                       float *y, int nthreads)
-{
-    (void)nb; (void)n; (void)k; (void)p; (void)x; (void)packed; (void)bias; (void)res;
-    (void)relu; (void)y; (void)nthreads;
-    return ort_fail(ORTCPU_E_INVALID_ARGUMENT,
-                    "conv1x1_p16: not in this build (x86-64-v4 only)");
-}
-
 int ortcpu_gemm_p16_available(void) { return 0; }
 
 int64_t ortcpu_gemm_p16_max_rows(void) { return 0; }
@@ -663,4 +622,27 @@ int ortcpu_gemm_p16(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda
                     "gemm_p16: not in this build (x86-64-v3 and above only)");
 }
 
+#endif
+
+#if !(defined(__x86_64__) && defined(__GNUC__) && ORT_ISA_LEVEL >= 2)
+/* the convolutions on the AVX-512 tile exist in x86-64-v4 builds only */
+int ortcpu_conv_p16(const float *x, const float *packed, const float *bias, const float *res,
+                    int relu, float *y, const int64_t *geom, int nthreads)
+{
+    (void)x; (void)packed; (void)bias; (void)res; (void)relu; (void)y; (void)geom;
+    (void)nthreads;
+    return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv_p16: not in this build (x86-64-v4 only)");
+}
+
+int ortcpu_conv_p16_available(void) { return 0; }
+
+int ortcpu_conv1x1_p16(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
+                       const float *packed, const float *bias, const float *res, int relu,
+                       float *y, int nthreads)
+{
+    (void)nb; (void)n; (void)k; (void)p; (void)x; (void)packed; (void)bias; (void)res;
+    (void)relu; (void)y; (void)nthreads;
+    return ort_fail(ORTCPU_E_INVALID_ARGUMENT,
+                    "conv1x1_p16: not in this build (x86-64-v4 only)");
+}
 #endif

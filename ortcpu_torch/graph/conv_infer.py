@@ -106,7 +106,7 @@ def gemm_candidate(geom: list, dtype: torch.dtype) -> bool:
     """Whether ``infer_geometry``'s geometry is a float32 Conv of one group, which
     ``GemmConv`` runs (AVX-512 builds only)."""
     return dtype == torch.float32 and geom[5] == 1 and \
-        bool(lib.ortcpu_conv1x1_p16_available())
+        bool(lib.ortcpu_conv_p16_available())
 
 
 class GemmConv:

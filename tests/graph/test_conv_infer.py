@@ -230,7 +230,7 @@ def test_graph_both_candidates(kind, dtype, channels):
     assert ("channels" in names) == (dtype == torch.float32 and channels >= 16)
     # float32 Convs have the GEMM candidate on AVX-512 builds
     assert ("gemm" in names) == (dtype == torch.float32 and
-                                 bool(lib.ortcpu_conv1x1_p16_available()))
+                                 bool(lib.ortcpu_conv_p16_available()))
     for name in sorted(names):
         for c in choosers:
             c.force(name if name in c.candidates else "packed")
@@ -299,7 +299,7 @@ def test_measured_choice_drops_the_losers(keep):
                     if b.node.op_type == "Conv"]
         choosers = [c for c in choosers if hasattr(c, "force")]
         every = {"packed", "channels", "training"} | \
-            ({"gemm"} if lib.ortcpu_conv1x1_p16_available() else set())
+            ({"gemm"} if lib.ortcpu_conv_p16_available() else set())
         assert choosers and all(set(c.candidates) == every for c in choosers)
         y = sess.run(None, {"x": x})[0]
     finally:
@@ -314,7 +314,7 @@ def test_measured_choice_drops_the_losers(keep):
     torch.testing.assert_close(sess.run(None, {"x": x})[0], y, rtol=0, atol=0)
 
 
-@pytest.mark.skipif(not lib.ortcpu_conv1x1_p16_available(),
+@pytest.mark.skipif(not lib.ortcpu_conv_p16_available(),
                     reason="the GEMM candidate is built at x86-64-v4 only")
 @pytest.mark.parametrize("stride", [1, 2, 3])
 @pytest.mark.parametrize("batch", [1, 3])
