@@ -293,23 +293,31 @@ c1_store(__m512 c[8], int R, int64_t w, const float *restrict res, int relu,
     }
 }
 
-/* positions [0, p) of one sample for the panel pair (pa, pb) (pb NULL: one panel) */
+/* ---- any 2-D convolution of one group on the same tile (conv_p16) --------------------
+ * The implicit GEMM Y_s^T = im2col(X_s)^T W^T without the im2col matrix: a tile is 8
+ * consecutive output positions of one output row x 32 output channels; for reduction step
+ * kk = (channel, tap) its rows broadcast X at off[kk] + i * sw from the row's first input
+ * position (X zero-padded once per call where the windows read outside it), so a stride-1
+ * tile reads 8 consecutive floats; conv1x1_p16's tiles pass no offsets (off NULL: step kk
+ * reads X at kk * kstride). Stored through c1_store. */
 __attribute__((target("arch=x86-64-v4"), always_inline)) static inline void
-c1_tile(int R, const float *restrict x, int64_t p, const float *restrict pa,
-        const float *restrict pb, int64_t k, const float *restrict bias, const float *res,
-        int relu, float *y, int64_t w0, int64_t w1)
+cg_tile(int R, int unit_stride, const float *restrict xb, const int64_t *restrict off,
+        int64_t kstride, int64_t sw, const float *restrict pa, const float *restrict pb, int64_t k,
+        const float *restrict bias, const float *res, int relu, float *y, int64_t p,
+        int64_t w0, int64_t w1)
 {
     __m512 c0[P16_R512], c1[P16_R512];
     for (int i = 0; i < P16_R512; i++) c0[i] = c1[i] = _mm512_setzero_ps();
+    const int64_t s = unit_stride ? 1 : sw;
     for (int64_t kk = 0; kk < k; kk++) {
         _mm_prefetch((const char *)(pa + (kk + P16_AHEAD) * P16), _MM_HINT_T0);
         if (pb) _mm_prefetch((const char *)(pb + (kk + P16_AHEAD) * P16), _MM_HINT_T0);
         __m512 b0 = _mm512_loadu_ps(pa + kk * P16);
         __m512 b1 = pb ? _mm512_loadu_ps(pb + kk * P16) : b0;
-        const float *xr = x + kk * p;
+        const float *xr = xb + (off ? off[kk] : kk * kstride);
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
-            __m512 av = _mm512_set1_ps(xr[i]);
+            __m512 av = _mm512_set1_ps(xr[i * s]);
             c0[i] = _mm512_fmadd_ps(av, b0, c0[i]);
             if (pb) c1[i] = _mm512_fmadd_ps(av, b1, c1[i]);
         }
@@ -350,61 +358,17 @@ c1_units(int64_t u0, int64_t u1, int64_t nb, int64_t n, int64_t k, int64_t p, co
         float *ys = y + (s * n + j0) * p;
         for (int64_t i = 0; i < p; i += P16_R512) {
             const float *ri = rs ? rs + i : NULL;
+#define C1_CASE(r)                                                                          \
+    case r:                                                                                 \
+        cg_tile(r, 1, xs + i, NULL, p, 1, pa, pb, k, bj, ri, relu, ys + i, p, w0, w1);      \
+        break;
             switch (p - i < P16_R512 ? p - i : P16_R512) {
-            case 8: c1_tile(8, xs + i, p, pa, pb, k, bj, ri, relu, ys + i, w0, w1); break;
-            case 7: c1_tile(7, xs + i, p, pa, pb, k, bj, ri, relu, ys + i, w0, w1); break;
-            case 6: c1_tile(6, xs + i, p, pa, pb, k, bj, ri, relu, ys + i, w0, w1); break;
-            case 5: c1_tile(5, xs + i, p, pa, pb, k, bj, ri, relu, ys + i, w0, w1); break;
-            case 4: c1_tile(4, xs + i, p, pa, pb, k, bj, ri, relu, ys + i, w0, w1); break;
-            case 3: c1_tile(3, xs + i, p, pa, pb, k, bj, ri, relu, ys + i, w0, w1); break;
-            case 2: c1_tile(2, xs + i, p, pa, pb, k, bj, ri, relu, ys + i, w0, w1); break;
-            default: c1_tile(1, xs + i, p, pa, pb, k, bj, ri, relu, ys + i, w0, w1); break;
+                C1_CASE(8) C1_CASE(7) C1_CASE(6) C1_CASE(5) C1_CASE(4) C1_CASE(3) C1_CASE(2)
+                default: C1_CASE(1)
             }
+#undef C1_CASE
         }
     }
-}
-
-/* ---- any 2-D convolution of one group on the same tile (conv_p16) --------------------
- * The implicit GEMM Y_s^T = im2col(X_s)^T W^T without the im2col matrix: a tile is 8
- * consecutive output positions of one output row x 32 output channels; for reduction step
- * kk = (channel, tap) its rows broadcast X at off[kk] + i * sw from the row's first input
- * position (X zero-padded once per call where the windows read outside it), so a stride-1
- * tile reads 8 consecutive floats. Stored as conv1x1_p16's tile (c1_store). */
-__attribute__((target("arch=x86-64-v4"), always_inline)) static inline void
-cg_tile(int R, int unit_stride, const float *restrict xb, const int64_t *restrict off,
-        int64_t sw, const float *restrict pa, const float *restrict pb, int64_t k,
-        const float *restrict bias, const float *res, int relu, float *y, int64_t p,
-        int64_t w0, int64_t w1)
-{
-    __m512 c0[P16_R512], c1[P16_R512];
-    for (int i = 0; i < P16_R512; i++) c0[i] = c1[i] = _mm512_setzero_ps();
-    const int64_t s = unit_stride ? 1 : sw;
-    for (int64_t kk = 0; kk < k; kk++) {
-        _mm_prefetch((const char *)(pa + (kk + P16_AHEAD) * P16), _MM_HINT_T0);
-        if (pb) _mm_prefetch((const char *)(pb + (kk + P16_AHEAD) * P16), _MM_HINT_T0);
-        __m512 b0 = _mm512_loadu_ps(pa + kk * P16);
-        __m512 b1 = pb ? _mm512_loadu_ps(pb + kk * P16) : b0;
-        const float *xr = xb + off[kk];
-#pragma GCC unroll 8
-        for (int i = 0; i < R; i++) {
-            __m512 av = _mm512_set1_ps(xr[i * s]);
-            c0[i] = _mm512_fmadd_ps(av, b0, c0[i]);
-            if (pb) c1[i] = _mm512_fmadd_ps(av, b1, c1[i]);
-        }
-    }
-    __mmask16 m0 = (__mmask16)((1u << w0) - 1), m1 = (__mmask16)((1u << w1) - 1);
-    __m512 bv0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
-    __m512 bv1 = bias && pb ? _mm512_maskz_loadu_ps(m1, bias + P16) : _mm512_setzero_ps();
-    for (int i = 0; i < P16_R512; i++) {
-        c0[i] = _mm512_add_ps(c0[i], bv0);
-        c1[i] = _mm512_add_ps(c1[i], bv1);
-        if (relu && !res) {
-            c0[i] = _mm512_max_ps(_mm512_setzero_ps(), c0[i]);
-            c1[i] = _mm512_max_ps(_mm512_setzero_ps(), c1[i]);
-        }
-    }
-    c1_store(c0, R, w0, res, relu, y, p);
-    if (pb) c1_store(c1, R, w1, res ? res + P16 * p : NULL, relu, y + P16 * p, p);
 }
 
 typedef struct {
@@ -446,9 +410,9 @@ cg_units(const cg_ctx *g, int64_t u0, int64_t u1)
 #define CG_CASE(r)                                                                          \
     case r:                                                                                 \
         if (g->sw == 1)                                                                     \
-            cg_tile(r, 1, xb, g->off, 1, pa, pb, k, bj, ri, g->relu, yi, p, w0, w1);        \
+            cg_tile(r, 1, xb, g->off, 0, 1, pa, pb, k, bj, ri, g->relu, yi, p, w0, w1);     \
         else                                                                                \
-            cg_tile(r, 0, xb, g->off, g->sw, pa, pb, k, bj, ri, g->relu, yi, p, w0, w1);    \
+            cg_tile(r, 0, xb, g->off, 0, g->sw, pa, pb, k, bj, ri, g->relu, yi, p, w0, w1); \
         break;
             switch (R) {
                 CG_CASE(8) CG_CASE(7) CG_CASE(6) CG_CASE(5) CG_CASE(4) CG_CASE(3) CG_CASE(2)
