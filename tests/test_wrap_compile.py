@@ -469,3 +469,17 @@ def test_inductor_compiles_once_and_trains_like_torch(kind):
     _train_side_by_side(kind, MLP() if kind == "mlp" else CNN(), 20, cnt,
                         compile_kernels="ours")
     assert cnt.frame_count == 1
+
+
+def test_auto_families_leaves_the_global_generator_alone():
+    """wrap() measures GEMMs for compile_kernels="auto" on a private generator: a wrapped
+    run from torch.manual_seed draws the numbers a plain one draws."""
+    from ortcpu_torch.wrap import compiled
+
+    torch.manual_seed(3)
+    want = torch.rand(4)
+    torch.manual_seed(3)
+    compiled.auto_families.cache_clear()  # measure again, as the first wrap() does
+    fams = compiled.auto_families()
+    assert torch.equal(torch.rand(4), want)
+    assert fams[:3] == compiled.AUTO and set(fams[3:]) <= {"linear"}
