@@ -9,6 +9,8 @@
  * n); a 4x16 AVX2 micro-kernel (8 accumulators) then streams each panel once per 4 rows,
  * and the optional bias is added as the tile is stored (AVX-512 builds: an 8x32 zmm tile
  * over two panels instead). Threads split the panels.
+ * AVX-512 builds also run the graph executor's float32 convolutions on that tile
+ * (conv1x1_p16, conv_p16: the implicit GEMM with output positions as the tile's rows).
  * Built at x86-64-v3 and above only (ortcpu_gemm_p16_available() says so). */
 #include "common.h"
 
@@ -150,7 +152,7 @@ p16_tile(int R, const float *restrict a, int64_t lda, const float *restrict p, i
 /* AVX-512 builds: up to 8 rows x 2 panels (32 columns) a tile, 16 zmm accumulators; one
  * panel row is one zmm and one cache line. A k step is 2 loads, R broadcasts and 2R FMAs,
  * so the FMA units, not the loads, bound it (the 4x16 ymm tile above runs at half the
- * AVX-512 FMA rate). R is a constant in each call (p16_panels512's switch), so the
+ * AVX-512 FMA rate). R is a constant in each call (the callers' switches), so the
  * accumulator arrays unroll into registers. */
 #define P16_R512 8
 /* panel rows (one cache line each) fetched ahead of the tile's loads: a plan's weights
