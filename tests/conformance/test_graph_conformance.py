@@ -124,6 +124,38 @@ def test_cnn_batchnorm_eval_export_and_fusion():
     assert "Conv+BatchNormalization folded x1" in s.report()
 
 
+class ResBlock(torch.nn.Module):
+    """3x3 Conv + ReLU, a strided 3x3 Conv plus a strided 1x1 shortcut, ReLU: the Conv
+    shapes of a ResNet downsampling block."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(16, 40, 3, stride=2, padding=1)
+        self.skip = torch.nn.Conv2d(3, 40, 1, stride=2)
+
+    def forward(self, x):
+        return torch.relu(self.conv2(torch.relu(self.conv1(x))) + self.skip(x))
+
+
+@pytest.mark.parametrize("kernel", ["packed", "channels", "gemm", "training"])
+def test_resnet_block_on_each_conv_kernel(kernel):
+    """Each inference Conv kernel the measured choice picks among (forced for every Conv;
+    one a build lacks falls back to the row tiles) gives ORT's outputs on an odd map."""
+    from ortcpu_torch.graph import conv_infer
+
+    torch.manual_seed(2)
+    model = _export(ResBlock().eval(), (torch.randn(2, 3, 11, 9),), ["x"], {"x": {0: "N"}})
+    before = conv_infer.get_mode()
+    conv_infer.set_mode(kernel)
+    try:
+        for n in (1, 3):
+            _compare(model, {"x": np.random.default_rng(n).standard_normal((n, 3, 11, 9),
+                                                                             np.float32)})
+    finally:
+        conv_infer.set_mode(before)
+
+
 def _unfold_bn(model, module):
     """torch's exporter already folds eval BN into the Conv; put a BatchNormalization node
     back so the executor's own Conv+BN fold is what is tested."""
