@@ -483,3 +483,29 @@ def test_auto_families_leaves_the_global_generator_alone():
     fams = compiled.auto_families()
     assert torch.equal(torch.rand(4), want)
     assert fams[:3] == compiled.AUTO and set(fams[3:]) <= {"linear"}
+
+
+def test_swapped_modules_share_the_originals_dicts_and_see_reassigned_parameters():
+    """A swapped module holds its original's own ``_parameters``/``_buffers`` dicts, so
+    torch.compile reaches each tensor through one source (no per-call aliasing guard
+    function) and a parameter re-assigned after wrapping is what both sides use."""
+    from ortcpu_torch.wrap.policy import INFO_ATTR
+
+    torch.manual_seed(0)
+    model = CNN()
+    ref = copy.deepcopy(model)
+    wrap(model, fallback="silent", select="ours")
+    for name in ("stem", "bn", "fc"):
+        swapped = getattr(model, name)
+        original = swapped.__dict__[INFO_ATTR].original
+        assert swapped._parameters is original._parameters, name
+        assert swapped._buffers is original._buffers, name
+    cm = torch.compile(model, backend="aot_eager")
+    x, y = _batch("cnn", 4)
+    torch.testing.assert_close(cm(x, y), ref(x, y), rtol=1e-5, atol=1e-6)
+    for m in (model, ref):
+        torch.manual_seed(1)
+        m.fc.weight = nn.Parameter(torch.randn(5, 4))
+    torch.testing.assert_close(cm(x, y), ref(x, y), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(model(x, y), ref(x, y), rtol=1e-5, atol=1e-6)
+    assert list(model.state_dict()) == list(ref.state_dict())

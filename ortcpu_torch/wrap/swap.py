@@ -85,7 +85,9 @@ def _wrapped_forward(self, *args, **kwargs):
         # functionals it calls (F.linear, F.batch_norm, ...) to our custom ops
         # (compiled.py). Nothing is counted here: a counter read while tracing becomes a
         # guard, and a guard that changes every call recompiles every call.
-        sync_to_original(self, info.original, info.attrs)
+        # (parameters and buffers need no sync: the dicts are shared, build_swap; reading
+        # them through both modules would add a guard function run in Python per call)
+        sync_to_original(self, info.original, info.attrs, dicts=False)
         return info.original.forward(*args, **kwargs)
     state = info.state
     tl = per_thread
@@ -282,9 +284,10 @@ def _our_mode_on_top(state):
     return None
 
 
-def sync_to_original(new, orig, attrs) -> None:
+def sync_to_original(new, orig, attrs, dicts: bool = True) -> None:
     """The original runs the fallback: give it what may have changed on the swapped module
-    since wrapping (training flag, config attributes, re-assigned parameters)."""
+    since wrapping (training flag, config attributes; ``dicts``: parameter and buffer dicts
+    the caller replaced on the swapped module)."""
     nd, od = new.__dict__, orig.__dict__
     # written only when changed: under torch.compile a write is replayed after every call
     if od["training"] is not nd["training"]:
@@ -292,8 +295,12 @@ def sync_to_original(new, orig, attrs) -> None:
     for k in attrs:
         if k in nd and od.get(k) is not nd[k]:
             od[k] = nd[k]
+    if not dicts:
+        return
     for d in ("_parameters", "_buffers"):
         odd, ndd = od[d], nd[d]
+        if odd is ndd:  # shared since build_swap, unless the caller replaced a dict
+            continue
         # the common case, nothing re-assigned (same order: build_swap), in one C loop
         if len(odd) == len(ndd) and all(map(operator.is_, odd.values(), ndd.values())):
             continue
@@ -405,10 +412,12 @@ def build_swap(entry: ModuleEntry, m: torch.nn.Module, qualname: str, state):
             new._buffers[name] = None
         else:
             setattr(new, name, b)
-    # identical order and persistence, so state_dict() is key-for-key the same
-    new._parameters = type(m._parameters)((k, new._parameters[k]) for k in m._parameters)
-    new._buffers = type(m._buffers)((k, new._buffers[k]) for k in m._buffers)
-    new._non_persistent_buffers_set = set(m._non_persistent_buffers_set)
+    # the original's own dicts, so state_dict() is key-for-key the same and the fallback
+    # sees re-assigned parameters without a copy; under torch.compile the tensors are then
+    # reached through one source only (two sources of one tensor cost a guard function in
+    # Python on every call)
+    new._parameters, new._buffers = m._parameters, m._buffers
+    new._non_persistent_buffers_set = m._non_persistent_buffers_set
     bad = _meta_leftovers(new)
     if bad:
         return None, f"ortcpu_torch.nn.{cp.__name__}: {bad}"
