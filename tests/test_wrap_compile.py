@@ -115,6 +115,23 @@ CASES = [
      lambda x, k, s, p, c, cip: F.avg_pool2d(x, k, s, p, c, cip)),
     ("global_avg_pool", O.global_avg_pool, lambda: (_r(2, 3, 4, 5),),
      lambda x: F.adaptive_avg_pool2d(x, 1)),
+    ("attention_causal", O.attention,
+     lambda: (_r(2, 3, 5, 4), _r(2, 3, 7, 4), _r(2, 3, 7, 6), None, True, 0.4, 1),
+     lambda q, k, v, m, c, s, r: F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                scale=s)),
+    ("attention_bool_mask_batched", O.attention,
+     lambda: (_r(2, 3, 5, 4), _r(2, 3, 7, 4), _r(2, 3, 7, 4),
+              torch.rand(2, 1, 5, 7) > 0.3, False, 0.5, 1),
+     lambda q, k, v, m, c, s, r: F.scaled_dot_product_attention(q, k, v, m, scale=s)),
+    ("attention_float_mask", O.attention,
+     lambda: (_r(3, 5, 4), _r(3, 6, 4), _r(3, 6, 4), torch.randn(5, 6, dtype=D), False,
+              0.5, 1),
+     lambda q, k, v, m, c, s, r: F.scaled_dot_product_attention(q, k, v, m.to(q.dtype),
+                                                                scale=s)),
+    ("attention_grouped_heads_causal", O.attention,
+     lambda: (_r(2, 4, 5, 4), _r(2, 2, 5, 4), _r(2, 2, 5, 4), None, True, 0.5, 2),
+     lambda q, k, v, m, c, s, r: F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                scale=s, enable_gqa=True)),
 ]
 
 
@@ -482,7 +499,7 @@ def test_auto_families_leaves_the_global_generator_alone():
     compiled.auto_families.cache_clear()  # measure again, as the first wrap() does
     fams = compiled.auto_families()
     assert torch.equal(torch.rand(4), want)
-    assert fams[:3] == compiled.AUTO and set(fams[3:]) <= {"linear"}
+    assert fams[:3] == compiled.AUTO and set(fams[3:]) <= {"linear", "attention"}
 
 
 def test_swapped_modules_share_the_originals_dicts_and_see_reassigned_parameters():
@@ -509,3 +526,52 @@ def test_swapped_modules_share_the_originals_dicts_and_see_reassigned_parameters
     torch.testing.assert_close(cm(x, y), ref(x, y), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(model(x, y), ref(x, y), rtol=1e-5, atol=1e-6)
     assert list(model.state_dict()) == list(ref.state_dict())
+
+
+class _SelfAttention(nn.Module):
+    def __init__(self, sdpa_kwargs, d=8, heads=2, kv_heads=2):
+        super().__init__()
+        self.kw, self.heads, self.kv_heads = sdpa_kwargs, heads, kv_heads
+        self.q = nn.Linear(d, d)
+        self.kv = nn.Linear(d, 2 * d // heads * kv_heads)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q = self.q(x).view(b, t, self.heads, -1).transpose(1, 2)
+        k, v = (z.view(b, t, self.kv_heads, -1).transpose(1, 2)
+                for z in self.kv(x).chunk(2, -1))
+        a = F.scaled_dot_product_attention(q, k, v, **self.kw)
+        return a.transpose(1, 2).reshape(b, t, d).square().mean()
+
+
+@pytest.mark.parametrize("kind", ["causal", "bool_mask", "float_mask", "gqa", "dropout"])
+def test_compiled_sdpa_runs_our_fused_attention_forward_and_backward(kind):
+    """F.scaled_dot_product_attention inside a compiled wrapped model: ortcpu::attention
+    and attention_backward in the graphs, torch's values and gradients; dropout (not
+    fused) stays torch's."""
+    torch.manual_seed(0)
+    mask = torch.rand(5, 5) > 0.3
+    mask[:, 0] = True  # every query attends somewhere
+    kw, kv_heads = {"causal": ({"is_causal": True}, 2),
+                    "bool_mask": ({"attn_mask": mask}, 2),
+                    "float_mask": ({"attn_mask": torch.randn(5, 5), "scale": 0.3}, 2),
+                    "gqa": ({"is_causal": True, "enable_gqa": True}, 1),
+                    "dropout": ({"dropout_p": 0.5}, 2)}[kind]
+    model = _SelfAttention(kw, kv_heads=kv_heads)
+    ref = copy.deepcopy(model)
+    rec = GraphRecorder()
+    cm = torch.compile(wrap(model, fallback="silent", select="ours",
+                            compile_kernels=["linear", "attention"]), backend=rec)
+    x = torch.randn(3, 5, 8)
+    if kind == "dropout":
+        cm(x).backward()
+        assert not any(t.startswith("ortcpu.attention") for t in rec.forward), rec.forward
+        return
+    loss, loss_ref = cm(x), ref(x)
+    torch.testing.assert_close(loss, loss_ref, rtol=1e-5, atol=1e-6)
+    loss.backward()
+    loss_ref.backward()
+    for (n, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=n)
+    assert "ortcpu.attention.default" in rec.forward, rec.forward
+    assert "ortcpu.attention_backward.default" in rec.backward, rec.backward

@@ -34,8 +34,56 @@ def causal_mask(L: int, S: int) -> torch.Tensor:
     return torch.ones(L, S, dtype=torch.bool).triu_(1).to(torch.uint8)
 
 
+_OP = "scaled_dot_product_attention"
+
+
 def _t(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(-2, -1)
+
+
+def attention_forward(query, k, v, mask, mask_rows: int, add, scale: float, rep: int = 1):
+    """``(out, q, p)``: the attention output in ``query``'s head layout, the query as the
+    GEMMs read it (grouped heads stacked along L) and the attention weights P; the
+    arguments as ``_Attention`` takes them."""
+    q = query
+    if rep > 1:  # grouped heads: the `rep` query heads of one key head stacked along L
+        *bdims, heads, L, E = query.shape
+        q = query.reshape(*bdims, heads // rep, rep * L, E)
+    scores = KG.bmm_strided(_OP, q, _t(k))
+    kscale = scale
+    if add is not None:
+        scores.mul_(scale).add_(add)
+        kscale = 1.0
+    p = KA.masked_softmax_core(_OP, scores, mask, mask_rows, kscale, float("-inf"))
+    del scores
+    out = KG.bmm_strided(_OP, p, v)
+    if rep > 1:
+        out = reshaped(out, (*query.shape[:-1], out.shape[-1]))
+    return out, q, p
+
+
+def attention_backward(dout, q, k, v, p, mask, mask_rows: int, scale: float, query_shape,
+                       need):
+    """``(dq, dk, dv)`` of ``attention_forward`` (None where ``need`` says no); ``q`` as
+    the forward returned it, ``query_shape`` the caller's query shape when heads were
+    grouped, else None."""
+    dq = dk = dv = None
+    need_q, need_k, need_v = need
+    if query_shape is not None:
+        dout = dout.reshape(*q.shape[:-1], dout.shape[-1])
+    if need_v:
+        dv = KG.bmm_strided(_OP, _t(p), dout)
+    if need_q or need_k:
+        dp = KG.bmm_strided(_OP, dout, _t(v))
+        ds = KA.masked_softmax_grad_core(_OP, dp, p, mask, mask_rows, scale)
+        del dp
+        if need_q:
+            dq = KG.bmm_strided(_OP, ds, k)
+            if query_shape is not None:
+                dq = dq.view(query_shape)
+        if need_k:
+            dk = KG.bmm_strided(_OP, _t(ds), q)
+    return dq, dk, dv
 
 
 class _Attention(torch.autograd.Function):
@@ -46,93 +94,83 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, query, k, v, mask, mask_rows: int, add, scale: float, rep: int = 1):
-        q = query
-        if rep > 1:  # grouped heads: the `rep` query heads of one key head stacked along L
-            *bdims, heads, L, E = query.shape
-            q = query.reshape(*bdims, heads // rep, rep * L, E)
-        scores = KG.bmm_strided("scaled_dot_product_attention", q, _t(k))
-        kscale = scale
-        if add is not None:
-            scores.mul_(scale).add_(add)
-            kscale = 1.0
-        p = KA.masked_softmax_core("scaled_dot_product_attention", scores, mask, mask_rows,
-                                   kscale, float("-inf"))
-        del scores
-        out = KG.bmm_strided("scaled_dot_product_attention", p, v)
+        out, q, p = attention_forward(query, k, v, mask, mask_rows, add, scale, rep)
         ctx.save_for_backward(q, k, v, p)
         ctx.mask, ctx.mask_rows, ctx.scale = mask, mask_rows, scale
         ctx.query_shape = query.shape if rep > 1 else None
-        if rep > 1:
-            out = reshaped(out, (*query.shape[:-1], out.shape[-1]))
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dout):
         q, k, v, p = ctx.saved_tensors
-        op = "scaled_dot_product_attention"
-        dq = dk = dv = None
-        need_q, need_k, need_v = ctx.needs_input_grad[:3]
-        if ctx.query_shape is not None:
-            dout = dout.reshape(*q.shape[:-1], dout.shape[-1])
-        if need_v:
-            dv = KG.bmm_strided(op, _t(p), dout)
-        if need_q or need_k:
-            dp = KG.bmm_strided(op, dout, _t(v))
-            ds = KA.masked_softmax_grad_core(op, dp, p, ctx.mask, ctx.mask_rows, ctx.scale)
-            del dp
-            if need_q:
-                dq = KG.bmm_strided(op, ds, k)
-                if ctx.query_shape is not None:
-                    dq = dq.view(ctx.query_shape)
-            if need_k:
-                dk = KG.bmm_strided(op, _t(ds), q)
+        dq, dk, dv = attention_backward(dout, q, k, v, p, ctx.mask, ctx.mask_rows, ctx.scale,
+                                        ctx.query_shape, ctx.needs_input_grad[:3])
         return dq, dk, dv, None, None, None, None, None
+
+
+def fusable(query, key, value, attn_mask) -> bool:
+    """Whether one fused node takes these operands: one dtype, equal batch dims, and a
+    mask that needs no gradient and broadcasts to the scores (boolean, or additive in the
+    queries' dtype)."""
+    S = key.shape[-2]
+    if query.dtype != key.dtype or key.dtype != value.dtype or \
+            query.shape[:-2] != key.shape[:-2] or key.shape[:-2] != value.shape[:-2] or \
+            query.shape[-1] != key.shape[-1] or value.shape[-2] != S:
+        return False
+    if attn_mask is None:
+        return True
+    scores_shape = (*query.shape[:-1], S)
+    try:
+        if torch.broadcast_shapes(attn_mask.shape, scores_shape) != scores_shape:
+            return False
+    except RuntimeError:
+        return False
+    return attn_mask.dtype == torch.bool or \
+        (attn_mask.dtype == query.dtype and not attn_mask.requires_grad)
+
+
+def mask_operands(query, key, is_causal: bool, attn_mask):
+    """``(mask, mask_rows, add)`` of ``_Attention`` for operands ``fusable`` takes."""
+    L, S = query.shape[-2], key.shape[-2]
+    if is_causal:
+        return causal_mask(L, S), L, None
+    if attn_mask is None:
+        return None, 1, None
+    if attn_mask.dtype != torch.bool:
+        return None, 1, attn_mask
+    if attn_mask.shape[-2:].numel() == attn_mask.numel():  # no batch dims
+        mask = (~attn_mask).reshape(attn_mask.shape[-2:]).expand(L, S)
+        rows = L
+    else:
+        scores_shape = (*query.shape[:-1], S)
+        mask = (~attn_mask).expand(scores_shape)
+        rows = math.prod(scores_shape[:-1])
+    return mask.contiguous().view(torch.uint8), rows, None
 
 
 def fused_attention(query, key, value, scale, is_causal: bool, attn_mask):
     """``softmax(q·kᵀ·scale + mask)·v`` as one node, or None where the unfused path must
-    run (a mask that needs a gradient, one that does not broadcast to the scores, a
-    dtype mix)."""
-    L, S = query.shape[-2], key.shape[-2]
-    if query.dtype != key.dtype or key.dtype != value.dtype or \
-            query.shape[:-2] != key.shape[:-2] or key.shape[:-2] != value.shape[:-2] or \
-            query.shape[-1] != key.shape[-1] or value.shape[-2] != S:
+    run (``fusable``)."""
+    if not fusable(query, key, value, attn_mask):
         return None
-    mask = add = None
-    mask_rows = 1
-    if is_causal:
-        mask, mask_rows = causal_mask(L, S), L
-    elif attn_mask is not None:
-        scores_shape = (*query.shape[:-1], S)
-        try:
-            if torch.broadcast_shapes(attn_mask.shape, scores_shape) != scores_shape:
-                return None
-        except RuntimeError:
-            return None
-        if attn_mask.dtype == torch.bool:
-            if attn_mask.shape[-2:].numel() == attn_mask.numel():  # no batch dims
-                mask = (~attn_mask).reshape(attn_mask.shape[-2:]).expand(L, S)
-                mask_rows = L
-            else:
-                mask = (~attn_mask).expand(scores_shape)
-                mask_rows = math.prod(scores_shape[:-1])
-            mask = mask.contiguous().view(torch.uint8)
-        elif attn_mask.dtype == query.dtype and not attn_mask.requires_grad:
-            add = attn_mask
-        else:
-            return None
+    mask, mask_rows, add = mask_operands(query, key, is_causal, attn_mask)
     return _Attention.apply(query, key, value, mask, mask_rows, add, float(scale))
+
+
+def grouped_fusable(query, key, value) -> bool:
+    """Whether ``grouped`` takes these operands (one dtype, equal batch dims above the
+    heads)."""
+    return query.dtype == key.dtype == value.dtype and \
+        query.shape[:-3] == key.shape[:-3] and key.shape[:-2] == value.shape[:-2] and \
+        query.shape[-1] == key.shape[-1]
 
 
 def grouped(query, key, value, scale, is_causal: bool, rep: int):
     """Grouped-query attention without copies of key and value: the queries of the
     ``rep`` heads sharing a key/value head stacked along L (one GEMM per key head); the
     causal mask repeats per stacked block. None where the unfused path must run."""
-    if query.dtype != key.dtype or key.dtype != value.dtype or \
-            query.shape[:-3] != key.shape[:-3] or key.shape[:-2] != value.shape[:-2] or \
-            query.shape[-1] != key.shape[-1]:
+    if not grouped_fusable(query, key, value):
         return None
-    L, S = query.shape[-2], key.shape[-2]
-    mask, mask_rows = (causal_mask(L, S), L) if is_causal else (None, 1)
+    mask, mask_rows, _ = mask_operands(query, key, is_causal, None)
     return _Attention.apply(query, key, value, mask, mask_rows, None, float(scale), rep)

@@ -24,6 +24,8 @@ Op pairs (forward -> backward), all float32/float64 CPU:
 ``ortcpu::max_pool``                ``max_pool_backward`` (from int64 indices)
 ``ortcpu::avg_pool``                ``avg_pool_backward``
 ``ortcpu::global_avg_pool``         ``global_avg_pool_backward``
+``ortcpu::attention``               ``attention_backward`` (scaled_dot_product_attention
+                                    without dropout; ``library_attention.py``)
 ==================================  ==========================================
 
 Gradients a backward op is not asked for (``mask``) come back as empty tensors and
@@ -892,3 +894,6 @@ def _(dy, x):
 _autograd(global_avg_pool,
     lambda ctx, dy: global_avg_pool_backward(dy, ctx.saved_tensors[0]),
     setup_context=lambda ctx, inputs, output: ctx.save_for_backward(inputs[0]))
+
+
+from . import library_attention  # noqa: E402,F401  (registers ortcpu::attention)

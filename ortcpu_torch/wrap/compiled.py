@@ -22,6 +22,7 @@ Which families are routed: ``wrap(model, compile_kernels=...)`` (see ``FAMILIES`
 from __future__ import annotations
 
 import functools
+import math
 import statistics
 import time
 
@@ -30,6 +31,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from ..ops import library as L
+from ..ops.attention import fusable, grouped_fusable
 from ..ops.conv import _tuple
 from ..ops.pool import _pool_attrs
 from .policy import FLOATS
@@ -205,6 +207,25 @@ def _conv(r: int, pick: bool = False):
     return adapter
 
 
+def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+          enable_gqa=False):
+    if not _floats(query, key, value) or query.dim() < 2 or key.dim() != query.dim() or \
+            not isinstance(dropout_p, (int, float)) or dropout_p != 0 or \
+            (attn_mask is not None and not isinstance(attn_mask, torch.Tensor)) or \
+            (is_causal and attn_mask is not None):
+        return NotImplemented
+    rep = 1
+    if enable_gqa and query.dim() >= 3 and key.shape[-3] != query.shape[-3]:
+        rep = query.shape[-3] // key.shape[-3]
+        if rep * key.shape[-3] != query.shape[-3] or attn_mask is not None or \
+                not grouped_fusable(query, key, value):
+            return NotImplemented
+    elif not fusable(query, key, value, attn_mask):
+        return NotImplemented
+    s = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    return _OPS.attention(query, key, value, attn_mask, bool(is_causal), s, rep)[0]
+
+
 def _pool_args(r, kernel_size, stride, padding, dilation=1):
     """(kernel, stride, padding, dilation) lists as the eager ops check them, or None."""
     try:
@@ -267,6 +288,8 @@ FAMILIES: dict[str, list] = {
         (torch.log_softmax, "torch.log_softmax", _log_softmax_t),
         (_T.log_softmax, "Tensor.log_softmax", _log_softmax_t),
     ],
+    "attention": [(F.scaled_dot_product_attention, "F.scaled_dot_product_attention",
+                   _sdpa)],
     "layer_norm": [(F.layer_norm, "F.layer_norm", _layer_norm)]
     + ([(F.rms_norm, "F.rms_norm", _rms_norm)] if hasattr(F, "rms_norm") else []),
     "batch_norm": [(F.batch_norm, "F.batch_norm", _batch_norm)],
@@ -308,21 +331,16 @@ COMPILE_CHOICES = ("auto", "ours", "torch")
 #: join "auto" (AMD Zen 5, 1-2 threads, 256^3: our OpenBLAS on its AVX-512 kernels 0.47-0.52
 #: of torch's MKL, which runs AVX2 code on AMD; held on its Haswell kernels 0.91-0.92, left
 #: out. Eager wrapped / compiled wrapped per training step with ``linear`` in: GPT block
-#: 0.55-0.59x -> 0.91-1.02x, MLP 0.61-0.66x -> 0.82-0.94x)
+#: 0.55-0.59x -> 0.91-1.02x, MLP 0.61-0.66x -> 0.82-0.94x). The same edge for our fused
+#: attention against torch's CPU flash attention (Zen 5, causal, fwd+bwd, L 64-256: ours
+#: 0.54-0.62 of torch's time on the AVX-512 kernels, 0.83-0.89 held on Haswell's; at
+#: L=1024, where P no longer fits the caches, 0.81-1.0 / 1.24)
 GEMM_EDGE = 0.8
 
 
-@functools.lru_cache(maxsize=1)
-def auto_families() -> tuple[str, ...]:
-    """The families of ``compile_kernels="auto"`` in this process: ``AUTO``, plus
-    ``linear`` when a 256x256x256 float32 GEMM of ours takes at most ``GEMM_EDGE`` of
-    ``torch.mm``'s time (median of 7 alternating rounds, measured once per process, a few
-    milliseconds)."""
-    from ..kernels.gemm import gemm
-
-    g = torch.Generator().manual_seed(0)  # not the global generator: wrap draws nothing
-    a, b = torch.randn(256, 256, generator=g), torch.randn(256, 256, generator=g)
-    sides = {"ours": lambda: gemm(a, b, None), "torch": lambda: torch.mm(a, b)}
+def _time_ratio(ours, torch_side) -> float:
+    """ours' time / torch's: median of 7 alternating rounds of 3 calls each."""
+    sides = {"ours": ours, "torch": torch_side}
     times: dict[str, list] = {k: [] for k in sides}
     for f in sides.values():
         f()
@@ -332,8 +350,35 @@ def auto_families() -> tuple[str, ...]:
             for _ in range(3):
                 sides[name]()
             times[name].append(time.perf_counter() - t0)
-    ratio = statistics.median(times["ours"]) / statistics.median(times["torch"])
-    return AUTO + ("linear",) if ratio <= GEMM_EDGE else AUTO
+    return statistics.median(times["ours"]) / statistics.median(times["torch"])
+
+
+@functools.lru_cache(maxsize=1)
+def auto_families() -> tuple[str, ...]:
+    """The families of ``compile_kernels="auto"`` in this process: ``AUTO``, plus
+    ``linear`` when a 256x256x256 float32 GEMM of ours takes at most ``GEMM_EDGE`` of
+    ``torch.mm``'s time, plus ``attention`` when our fused causal attention forward +
+    backward (1x4x128x64) takes at most ``GEMM_EDGE`` of torch's
+    ``scaled_dot_product_attention`` (each the median of 7 alternating rounds, measured
+    once per process at the first wrap, a few tens of milliseconds in all)."""
+    from ..kernels.gemm import gemm
+    from ..ops.attention import fused_attention
+
+    g = torch.Generator().manual_seed(0)  # not the global generator: wrap draws nothing
+    a, b = torch.randn(256, 256, generator=g), torch.randn(256, 256, generator=g)
+    fams = AUTO
+    if _time_ratio(lambda: gemm(a, b, None), lambda: torch.mm(a, b)) <= GEMM_EDGE:
+        fams += ("linear",)
+    q, k, v = (torch.randn(1, 4, 128, 64, generator=g).requires_grad_() for _ in range(3))
+    dy = torch.randn(1, 4, 128, 64, generator=g)
+    with torch.enable_grad():  # (a scalar backward: a tensor gradient imports sympy)
+        ratio = _time_ratio(
+            lambda: (fused_attention(q, k, v, 0.125, True, None) * dy).sum().backward(),
+            lambda: (F.scaled_dot_product_attention(q, k, v, is_causal=True) * dy).sum()
+            .backward())
+    if ratio <= GEMM_EDGE:
+        fams += ("attention",)
+    return fams
 
 
 def check_compile_kernels(value) -> tuple[str, ...]:
