@@ -129,7 +129,9 @@ def _plan(op: str, r: int, input, weight, bias, stride, padding, dilation, group
     return plan
 
 
-def _conv(op: str, r: int, input, weight, bias, stride, padding, dilation, groups):
+def plan_of(op: str, r: int, input, weight, bias, stride, padding, dilation, groups):
+    """The checked ``K.ConvPlan`` of a call with ``torch.nn.functional.conv<r>d``'s
+    arguments, kept per call signature (``_PLANS``); also what ``ortcpu::conv`` runs."""
     key = _plan_key(op, input, weight, bias, stride, padding, dilation, groups)
     plan = _PLANS.get(key) if key is not None else None
     if plan is None:
@@ -138,6 +140,11 @@ def _conv(op: str, r: int, input, weight, bias, stride, padding, dilation, group
             if len(_PLANS) >= _PLANS_LIMIT:
                 _PLANS.clear()
             _PLANS[key] = plan
+    return plan
+
+
+def _conv(op: str, r: int, input, weight, bias, stride, padding, dilation, groups):
+    plan = plan_of(op, r, input, weight, bias, stride, padding, dilation, groups)
     if plan.unbatched:
         return _Conv.apply(input.unsqueeze(0), weight, bias, plan).squeeze(0)
     return _Conv.apply(input, weight, bias, plan)
