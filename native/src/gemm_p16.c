@@ -160,6 +160,13 @@ p16_tile(int R, const float *restrict a, int64_t lda, const float *restrict p, i
 #ifndef P16_AHEAD
 #define P16_AHEAD 96
 #endif
+/* input floats fetched ahead along a conv tile's rows: a 1x1 or 3x3 tile reads 8
+ * consecutive floats from each of its k (channel, tap) rows, k streams too many for the
+ * hardware prefetchers when the input comes from memory (squeezenet's 128->16 squeeze on
+ * 8x55x55: 1.2 ms cold against 0.56 ms warm) */
+#ifndef P16_XAHEAD
+#define P16_XAHEAD 64
+#endif
 
 __attribute__((target("arch=x86-64-v4"), always_inline)) static inline void
 p16_put512(__m512 v, const float *restrict bias, float *restrict c, int64_t w)
@@ -317,6 +324,7 @@ cg_tile(int R, int unit_stride, const float *restrict xb, const int64_t *restric
         __m512 b0 = _mm512_loadu_ps(pa + kk * P16);
         __m512 b1 = pb ? _mm512_loadu_ps(pb + kk * P16) : b0;
         const float *xr = xb + (off ? off[kk] : kk * kstride);
+        _mm_prefetch((const char *)(xr + P16_XAHEAD * s), _MM_HINT_T0);
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             __m512 av = _mm512_set1_ps(xr[i * s]);
