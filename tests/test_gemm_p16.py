@@ -136,7 +136,7 @@ def _conv1x1(x, pw, b, r, relu, threads=2):
     nb, cin, h, w = x.shape
     y = torch.empty(nb, pw.n, h, w)
     assert lib.ortcpu_conv1x1_p16(nb, pw.n, cin, h * w, ptr(x), ptr(pw.data), ptr(b), ptr(r),
-                                  int(relu), ptr(y), threads) == 0
+                                  int(relu), ptr(y), 0, threads) == 0
     return y
 
 
@@ -173,7 +173,9 @@ def test_conv1x1_p16_relu_keeps_nan_and_bad_sizes_fail():
         assert y[0, :, 1, 1].isnan().all() and (y.nan_to_num(0) >= 0).all()
         assert y.isnan().sum() == 20
     assert lib.ortcpu_conv1x1_p16(1, -1, 4, 9, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, 0,
-                                  ffi.NULL, 1) != 0
+                                  ffi.NULL, 0, 1) != 0
+    assert lib.ortcpu_conv1x1_p16(1, 20, 4, 9, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, 0,
+                                  ffi.NULL, 20 * 9 - 1, 1) != 0  # ystride under a sample
 
 
 # (N, C, M, H, W, kernel, stride, pad, dilation): first layers, 3x3 stride 1 and 2, 5x5
@@ -202,7 +204,7 @@ def test_conv_p16_matches_float64(case):
     for bias, res, relu, threads in itertools.product((None, b), (None, r), (0, 1), (1, 2)):
         y = torch.full((nb, m, oh, ow), float("nan"))
         assert lib.ortcpu_conv_p16(ptr(x), ptr(pw.data), ptr(bias), ptr(res), relu, ptr(y),
-                                   geom, threads) == 0
+                                   0, geom, threads) == 0
         ref = F.conv2d(x.double(), wt.double(), None if bias is None else bias.double(), s, p,
                        d)
         ref = ref if res is None else ref + res.double()
@@ -217,5 +219,34 @@ def test_conv_p16_rejects_groups_and_negative_pads():
     for bad in ([1, 4, 3, 3, 4, 2, 1, 1, 3, 3, 1, 1, 0, 0, 1, 1],
                 [1, 4, 3, 3, 4, 1, 1, 1, 3, 3, 1, 1, -1, 0, 1, 1]):
         geom = ffi.new("int64_t[]", bad)
-        assert lib.ortcpu_conv_p16(ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, 0, ffi.NULL, geom,
-                                   1) != 0
+        assert lib.ortcpu_conv_p16(ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, 0, ffi.NULL, 0,
+                                   geom, 1) != 0
+
+
+@needs_conv1x1
+@pytest.mark.parametrize("k", [1, 3])
+def test_conv_p16_writes_a_channel_slice_of_a_wider_output(k):
+    """``ystride`` > a sample: Y is channels [c0, c0 + M) of an [N, M + 7, OH, OW] buffer
+    (a Concat written in place at batch > 1); the rest of the buffer is left alone."""
+    from ortcpu_torch._native import ffi, ptr
+
+    g = torch.Generator().manual_seed(7)
+    nb, c, m, h, w, c0 = 3, 5, 19, 6, 9, 4
+    x, wt = torch.randn(nb, c, h, w, generator=g), torch.randn(m, c, k, k, generator=g)
+    b, p = torch.randn(m, generator=g), k // 2
+    pw = PackedWeight.pack(wt.reshape(m, -1), True)
+    ref = F.conv2d(x.double(), wt.double(), b.double(), 1, p).relu().float()
+    for threads in (1, 2):
+        buf = torch.full((nb, m + 7, h, w), float("nan"))
+        y = buf[:, c0:c0 + m]
+        ystride = buf.stride(0)
+        if k == 1:
+            st = lib.ortcpu_conv1x1_p16(nb, m, c, h * w, ptr(x), ptr(pw.data), ptr(b),
+                                        ffi.NULL, 1, ptr(y), ystride, threads)
+        else:
+            geom = ffi.new("int64_t[]", [nb, c, h, w, m, 1, k, k, h, w, 1, 1, p, p, 1, 1])
+            st = lib.ortcpu_conv_p16(ptr(x), ptr(pw.data), ptr(b), ffi.NULL, 1, ptr(y),
+                                     ystride, geom, threads)
+        assert st == 0
+        assert_close(y, ref, rtol=1e-5, atol=1e-5)
+        assert buf[:, :c0].isnan().all() and buf[:, c0 + m:].isnan().all()

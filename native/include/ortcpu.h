@@ -673,13 +673,15 @@ int ortcpu_gemm_p16(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda
  * gemm_p16_pack(1, M, C*KH*KW, W, C*KH*KW, ...).
  * conv1x1_p16: the 1x1 stride-1 unpadded case over the flattened positions, X [nb][k][p]
  * (k input channels, p = H*W) -> Y [nb][n][p], W [n][k] packed likewise.
+ * ystride: elements from one sample of Y to the next (0: M*OH*OW, Y contiguous; larger:
+ * Y is a channel slice of a wider tensor, a Concat's buffer); res is always contiguous.
  * Both only in x86-64-v4 builds (conv_p16_available(); elsewhere they fail cleanly). */
 int ortcpu_conv_p16_available(void);
 int ortcpu_conv_p16(const float *x, const float *packed, const float *bias, const float *res,
-                    int relu, float *y, const int64_t *geom, int nthreads);
+                    int relu, float *y, int64_t ystride, const int64_t *geom, int nthreads);
 int ortcpu_conv1x1_p16(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
                        const float *packed, const float *bias, const float *res, int relu,
-                       float *y, int nthreads);
+                       float *y, int64_t ystride, int nthreads);
 /* bmm_strided: for the batch entries (i0 < batch0, i1 < batch1), C_i (m x n, row stride
  * ldc) = alpha * op(A_i) . op(B_i), each operand a strided matrix (row stride lda / ldb;
  * stored k x m / n x k when transposed) at i0*s[0] + i1*s[1] elements from its base, s

@@ -353,7 +353,8 @@ cg_tile(int R, int unit_stride, const float *restrict xb, const int64_t *restric
  * major */
 __attribute__((target("arch=x86-64-v4"))) static void
 c1_units(int64_t u0, int64_t u1, int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
-         const float *packed, const float *bias, const float *res, int relu, float *y)
+         const float *packed, const float *bias, const float *res, int relu, float *y,
+         int64_t ystride)
 {
     int64_t panels = (n + P16 - 1) / P16, pairs = (panels + 1) / 2;
     int pair_major = p < 2 * P16;
@@ -365,7 +366,7 @@ c1_units(int64_t u0, int64_t u1, int64_t nb, int64_t n, int64_t k, int64_t p, co
         int64_t w1 = pb ? (n - j0 - P16 < P16 ? n - j0 - P16 : P16) : 0;
         const float *xs = x + s * k * p, *rs = res ? res + (s * n + j0) * p : NULL;
         const float *bj = bias ? bias + j0 : NULL;
-        float *ys = y + (s * n + j0) * p;
+        float *ys = y + s * ystride + j0 * p;
         for (int64_t i = 0; i < p; i += P16_R512) {
             const float *ri = rs ? rs + i : NULL;
 #define C1_CASE(r)                                                                          \
@@ -389,6 +390,7 @@ typedef struct {
     const int64_t *off;                           /* [k] offsets of (channel, tap) */
     const float *packed, *bias, *res;
     float *y;
+    int64_t ystride; /* elements per sample of y */
     int relu;
 } cg_ctx;
 
@@ -411,10 +413,11 @@ cg_units(const cg_ctx *g, int64_t u0, int64_t u1)
         int64_t w1 = pb ? (n - j0 - P16 < P16 ? n - j0 - P16 : P16) : 0;
         const float *bj = g->bias ? g->bias + j0 : NULL;
         const float *xrow = g->x + smp * g->sample + oy * g->sh * g->row;
-        int64_t yoff = (smp * n + j0) * p + oy * g->ow;
+        int64_t roff = (smp * n + j0) * p + oy * g->ow;
+        int64_t yoff = smp * g->ystride + j0 * p + oy * g->ow;
         for (int64_t ox = 0; ox < g->ow; ox += P16_R512) {
             const float *xb = xrow + ox * g->sw;
-            const float *ri = g->res ? g->res + yoff + ox : NULL;
+            const float *ri = g->res ? g->res + roff + ox : NULL;
             float *yi = g->y + yoff + ox;
             int R = (int)(g->ow - ox < P16_R512 ? g->ow - ox : P16_R512);
 #define CG_CASE(r)                                                                          \
@@ -434,7 +437,7 @@ cg_units(const cg_ctx *g, int64_t u0, int64_t u1)
 }
 
 int ortcpu_conv_p16(const float *x, const float *packed, const float *bias, const float *res,
-                    int relu, float *y, const int64_t *geom, int nthreads)
+                    int relu, float *y, int64_t ystride, const int64_t *geom, int nthreads)
 {
     int64_t nb = geom[0], c = geom[1], h = geom[2], w = geom[3], m = geom[4];
     int64_t kh = geom[6], kw = geom[7], oh = geom[8], ow = geom[9], sh = geom[10];
@@ -443,6 +446,10 @@ int ortcpu_conv_p16(const float *x, const float *packed, const float *bias, cons
         oh < 0 || ow < 0 || sh < 1 || sw < 1 || pt < 0 || pl < 0 || dh < 1 || dw < 1)
         return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv_p16: unsupported geometry (one "
                         "group, pads >= 0, strides and dilations >= 1)");
+    if (ystride == 0) ystride = m * oh * ow;
+    if (ystride < m * oh * ow)
+        return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv_p16: ystride %lld is less than a "
+                        "sample's %lld elements", (long long)ystride, (long long)(m * oh * ow));
     if (nb == 0 || m == 0 || oh == 0 || ow == 0) return ORTCPU_OK;
     /* the padded plane covers every window; the input sits at (pt, pl) in it */
     int64_t PH = (oh - 1) * sh + (kh - 1) * dh + 1, PW = (ow - 1) * sw + (kw - 1) * dw + 1;
@@ -467,7 +474,7 @@ int ortcpu_conv_p16(const float *x, const float *packed, const float *bias, cons
         omp_in_parallel())
         t = 1;
     cg_ctx g = {nb, m, k, oh, ow, sh, sw, c * plane, PW, 2 * P16 * k > c * plane,
-                copy ? xp : x, off, packed, bias, res, y, relu};
+                copy ? xp : x, off, packed, bias, res, y, ystride, relu};
 #pragma omp parallel num_threads(t) if (t > 1)
     {
         int id = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -501,12 +508,16 @@ int ortcpu_conv_p16_available(void) { return 1; }
 
 int ortcpu_conv1x1_p16(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
                        const float *packed, const float *bias, const float *res, int relu,
-                       float *y, int nthreads)
+                       float *y, int64_t ystride, int nthreads)
 {
     if (nb < 0 || n < 0 || k < 0 || p < 0)
         return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv1x1_p16: bad sizes nb=%lld n=%lld "
                         "k=%lld p=%lld", (long long)nb, (long long)n, (long long)k,
                         (long long)p);
+    if (ystride == 0) ystride = n * p;
+    if (ystride < n * p)
+        return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv1x1_p16: ystride %lld is less than a "
+                        "sample's %lld elements", (long long)ystride, (long long)(n * p));
     if (nb == 0 || n == 0 || p == 0) return ORTCPU_OK;
     int64_t pairs = ((n + P16 - 1) / P16 + 1) / 2, units = nb * pairs;
     int t = nthreads < 1 ? 1 : nthreads;
@@ -514,14 +525,14 @@ int ortcpu_conv1x1_p16(int64_t nb, int64_t n, int64_t k, int64_t p, const float 
         omp_in_parallel())
         t = 1;
     if (t == 1) {
-        c1_units(0, units, nb, n, k, p, x, packed, bias, res, relu, y);
+        c1_units(0, units, nb, n, k, p, x, packed, bias, res, relu, y, ystride);
         return ORTCPU_OK;
     }
 #pragma omp parallel num_threads(t)
     {
         int id = omp_get_thread_num(), nt = omp_get_num_threads();
         int64_t per = (units + nt - 1) / nt, s = id * per, e = s + per < units ? s + per : units;
-        if (s < e) c1_units(s, e, nb, n, k, p, x, packed, bias, res, relu, y);
+        if (s < e) c1_units(s, e, nb, n, k, p, x, packed, bias, res, relu, y, ystride);
     }
     return ORTCPU_OK;
 }
@@ -601,10 +612,10 @@ int ortcpu_gemm_p16(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda
 #if !(defined(__x86_64__) && defined(__GNUC__) && ORT_ISA_LEVEL >= 2)
 /* the convolutions on the AVX-512 tile exist in x86-64-v4 builds only */
 int ortcpu_conv_p16(const float *x, const float *packed, const float *bias, const float *res,
-                    int relu, float *y, const int64_t *geom, int nthreads)
+                    int relu, float *y, int64_t ystride, const int64_t *geom, int nthreads)
 {
-    (void)x; (void)packed; (void)bias; (void)res; (void)relu; (void)y; (void)geom;
-    (void)nthreads;
+    (void)x; (void)packed; (void)bias; (void)res; (void)relu; (void)y; (void)ystride;
+    (void)geom; (void)nthreads;
     return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv_p16: not in this build (x86-64-v4 only)");
 }
 
@@ -612,10 +623,10 @@ int ortcpu_conv_p16_available(void) { return 0; }
 
 int ortcpu_conv1x1_p16(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
                        const float *packed, const float *bias, const float *res, int relu,
-                       float *y, int nthreads)
+                       float *y, int64_t ystride, int nthreads)
 {
     (void)nb; (void)n; (void)k; (void)p; (void)x; (void)packed; (void)bias; (void)res;
-    (void)relu; (void)y; (void)nthreads;
+    (void)relu; (void)y; (void)ystride; (void)nthreads;
     return ort_fail(ORTCPU_E_INVALID_ARGUMENT,
                     "conv1x1_p16: not in this build (x86-64-v4 only)");
 }

@@ -131,19 +131,28 @@ class GemmConv:
         self.weight = PackedWeight.pack(w.reshape(m, -1), trans_b=True)
 
     def run(self, x, b=None, res=None, relu=False, out=None):
+        """``out``: contiguous, or a channel slice of a wider contiguous tensor (samples
+        ``out.stride(0)`` apart; ``sample_strided``)."""
         y = empty(self.out_shape, self.dtype) if out is None else out
+        ystride = y.stride(0) if self.nb > 1 else 0
         if self.pointwise:
             if self.strides:
                 x = empty(self.sub_shape, self.dtype).copy_(
                     x[:, :, ::self.strides[0], ::self.strides[1]])
             st = lib.ortcpu_conv1x1_p16(self.nb, self.n, self.k, self.p, ptr(x),
                                         ptr(self.weight.data), ptr(b), ptr(res), int(relu),
-                                        ptr(y), get_num_threads())
+                                        ptr(y), ystride, get_num_threads())
         else:
             st = lib.ortcpu_conv_p16(ptr(x), ptr(self.weight.data), ptr(b), ptr(res),
-                                     int(relu), ptr(y), self.geom, get_num_threads())
+                                     int(relu), ptr(y), ystride, self.geom, get_num_threads())
         check_status(st, "Conv")
         return y
+
+
+def sample_strided(t: torch.Tensor) -> bool:
+    """Whether ``t`` [N, C, ...] is contiguous within each sample, samples ``t.stride(0)``
+    elements apart (a channel slice of a contiguous tensor: a Concat's buffer)."""
+    return t.dim() >= 2 and t[0].is_contiguous() and t.stride(0) >= t[0].numel()
 
 
 def set_mode(mode: str) -> None:
@@ -263,14 +272,17 @@ def bind_static_conv(generic, w_const, geom, out_shape, xs, bs, dt, steps, into_
             (r is None or (r.dtype == dt and r.shape == y_shape and r.is_contiguous()))
 
     def slow(x, w, b, r=None, out=None):  # the generic binding + torch epilogue
-        y = generic(x, w, b, out=out) if out is not None else generic(x, w, b)
+        # (into a channel slice of a Concat's buffer at batch > 1 through a copy: the
+        # generic kernels write contiguous outputs)
+        flat = out is not None and out.is_contiguous()
+        y = generic(x, w, b, out=out) if flat else generic(x, w, b)
         if out is not None and y is not out:  # the registry kernel took other inputs
             y = out.copy_(y)
         if r is not None:
             y.add_(r)
         return y.relu_() if relu else y
 
-    def native(pc):
+    def native(pc, strided_ok=False):
         if add:
             def infer(x, w, b, r):
                 if not fits(x, w, b, r) or ws != w.shape:
@@ -278,9 +290,11 @@ def bind_static_conv(generic, w_const, geom, out_shape, xs, bs, dt, steps, into_
                 return pc.run(x, b, r, relu)
         elif into_buffer:
             def infer(x, w, b, out):
-                if not fits(x, w, b) or not out.is_contiguous():
+                if not fits(x, w, b):
                     return slow(x, w, b, out=out)
-                return pc.run(x, b, None, relu, out)
+                if out.is_contiguous() or (strided_ok and sample_strided(out)):
+                    return pc.run(x, b, None, relu, out)
+                return out.copy_(pc.run(x, b, None, relu))
         else:
             def infer(x, w, b=None):
                 if not fits(x, w, b):
@@ -303,5 +317,5 @@ def bind_static_conv(generic, w_const, geom, out_shape, xs, bs, dt, steps, into_
     if chan is not None:
         cands["channels"] = native(chan)
     if gemm_candidate(g16, dt):
-        cands["gemm"] = native(GemmConv(w_const, g16, out_shape))
+        cands["gemm"] = native(GemmConv(w_const, g16, out_shape), strided_ok=True)
     return measured_choice(key, cands)

@@ -115,12 +115,14 @@ INTERNAL_DOMAIN = "ortcpu_torch.graph"
 
 
 def _concat_in_place(nodes, consts, outputs, done, shapes, opsets):
-    """Concat whose inputs are each produced by a Conv read only by it, along an axis with
-    nothing but size-1 dims before it (a channel Concat at batch 1: inception's and
-    squeezenet's fire modules), static shapes: the Conv outputs are written straight into
-    their slices of one buffer (ConcatBuffer, allocated before the first of them; each Conv
-    takes it as a 4th input with its element offset), and the Concat becomes ConcatInPlace,
-    which returns the buffer: no copies."""
+    """Concat whose inputs are each produced by a Conv read only by it, along the channel
+    axis or a later one with nothing but size-1 dims between (inception's and squeezenet's
+    fire modules), static shapes: the Conv outputs are written straight into their slices
+    of one buffer (ConcatBuffer, allocated before the first of them; each Conv takes it as
+    a 4th input with its element offset within a sample), and the Concat becomes
+    ConcatInPlace, which returns the buffer: no copies. At batch > 1 a slice is strided
+    (its samples lie a buffer sample apart): the AVX-512 implicit-GEMM kernel writes it as
+    it is, the other kernels through one copy (what the Concat cost anyway)."""
     use = consumer_counts(nodes, outputs)
     prod = _producers(nodes)
     position = {id(n): k for k, n in enumerate(nodes)}
@@ -136,7 +138,7 @@ def _concat_in_place(nodes, consts, outputs, done, shapes, opsets):
         axis = _attr(cat, "axis")
         rank = len(out_shape)
         ax = axis + rank if axis is not None and axis < 0 else axis
-        if ax is None or not 0 <= ax < rank or any(d != 1 for d in out_shape[:ax]):
+        if ax is None or not 1 <= ax < rank or any(d != 1 for d in out_shape[1:ax]):
             continue
         producers = [prod.get(i) for i in ins]
         in_shapes = [shapes.get(i) for i in ins]

@@ -388,14 +388,17 @@ def _conv(ctx):
     out_shape = ctx.output_shapes[0] if ctx.output_shapes else None
     if out_shape is None or not all(isinstance(d, int) for d in out_shape):
         raise ctx.error("a Conv written into its Concat needs a static output shape")
-    numel = math.prod(out_shape)
+    lead = out_shape[0]
+    per_sample = math.prod(out_shape) // lead if lead else 0
 
     def conv_into(x, w, b, buf):
-        """Y in its slice of the Concat's buffer ``buf`` (a contiguous run at batch 1)."""
-        y = buf.view(-1)[offset:offset + numel].view(out_shape)
+        """Y in its slice of the Concat's buffer ``buf``: ``offset`` elements into each
+        sample (a contiguous run at batch 1, a channel slice of every sample beyond)."""
+        y = buf.view(lead, -1)[:, offset:offset + per_sample].view(out_shape)
         if packed is not None:
             return packed(x, w, b, y)
-        r = conv(x, w, b, out=y) if conv is not generic else generic(x, w, b)
+        flat = y.is_contiguous()
+        r = conv(x, w, b, out=y) if conv is not generic and flat else conv(x, w, b)
         if r is not y:
             y.copy_(r)
         return y
