@@ -52,12 +52,12 @@ from ..kernels import batchnorm as KB
 from ..kernels import conv as KC
 from ..kernels import gemm as KG
 from ..kernels import loss as KL
-from ..kernels import norm as KN
 from ..kernels import pool as KP
 from ..kernels import tensor as KT
 from ..kernels._checks import checked_signature, float_check
 from .conv import plan_of
 from .linear import _LINEAR_CHECKED, _check_linear
+from .norm import checked_dims, ln_backward, ln_forward
 
 NS = "ortcpu"
 
@@ -430,15 +430,15 @@ _autograd(softmax,
 
 @_op("layer_norm")
 def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, ndim: int, eps: float,
-               simplified: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """(y, mean, inv_std) of LayerNorm over the last ``ndim`` dims (``simplified``: RMSNorm,
-    mean empty). mean / inv_std have one element per row."""
+               simplified: bool) -> tuple[Tensor, Tensor]:
+    """(y, stats) of LayerNorm over the last ``ndim`` dims (``simplified``: RMSNorm);
+    stats [2 * rows]: mean (unused by RMSNorm), inv_std. The eager front end's core
+    (``ops.norm.ln_forward``), its arguments checked once per signature."""
     op = "rms_norm" if simplified else "layer_norm"
-    w = None if weight is None else weight.contiguous().view(-1)
-    b = None if bias is None else bias.contiguous().view(-1)
-    y, mean, inv = KN.layernorm_forward(op, x.contiguous(), w, b, eps, -ndim, simplified,
-                                        names=("input", "weight", "bias"))
-    return y, (_nothing(x) if mean is None else mean), inv
+    if not 1 <= ndim <= x.dim():
+        raise ValueError(f"{op}: ndim must be in [1, {x.dim()}], got {ndim}")
+    checked_dims(op, x, x.shape[x.dim() - ndim:], weight, bias, eps)
+    return tuple(ln_forward(x, weight, bias, ndim, eps, simplified, op)[::3])
 
 
 def _rows(x, ndim):
@@ -448,52 +448,52 @@ def _rows(x, ndim):
 @register_fake(f"{NS}::layer_norm")
 def _(x, weight, bias, ndim, eps, simplified):
     TRACED["rms_norm" if simplified else "layer_norm"] += 1
-    rows = _rows(x, ndim)
     return (torch.empty_like(x, memory_format=torch.contiguous_format),
-            _nothing(x) if simplified else x.new_empty((rows,)), x.new_empty((rows,)))
+            x.new_empty((2 * _rows(x, ndim),)))
 
 
 @_op("layer_norm_backward")
-def layer_norm_backward(dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor,
-                        inv: Tensor, ndim: int, simplified: bool,
+def layer_norm_backward(dy: Tensor, x: Tensor, weight: Tensor | None, stats: Tensor,
+                        ndim: int, simplified: bool,
                         mask: Sequence[bool]) -> tuple[Tensor, Tensor, Tensor]:
     """(dX, dweight, dbias) in one pass (LayerNormalizationGrad /
-    SimplifiedLayerNormalizationGrad); dweight/dbias in the normalized shape."""
+    SimplifiedLayerNormalizationGrad; ``ops.norm.ln_backward``); dweight/dbias in the
+    normalized shape, empty where ``mask`` does not ask for them."""
     op = "rms_norm" if simplified else "layer_norm"
-    w = None if weight is None else weight.contiguous().view(-1)
-    dx, dw, db = KN.layernorm_backward(
-        op, dy.contiguous(), x.contiguous(), w, None, None if simplified else mean, inv,
-        1 if simplified else 0, -ndim, need_dscale=bool(mask[1]),
-        need_dbias=bool(mask[2]), names=("grad_output", "input"))
-    shp = x.shape[x.dim() - ndim:]
-    return (dx if mask[0] else _nothing(x),
-            reshaped(dw, shp) if dw is not None else _nothing(x),
-            reshaped(db, shp) if db is not None else _nothing(x))
+    if dy.shape != x.shape or dy.dtype != x.dtype or stats.numel() != 2 * _rows(x, ndim) or \
+            stats.dtype != x.dtype:
+        raise ValueError(f"{op}: dy must match x {list(x.shape)} {x.dtype} and stats have "
+                         f"2 * rows elements, got dy {list(dy.shape)} {dy.dtype}, stats "
+                         f"{list(stats.shape)} {stats.dtype}")
+    w = None if weight is None else weight.contiguous()
+    dx, dw, db = ln_backward(dy, x.contiguous(), w, stats.contiguous(), ndim, simplified,
+                             weight is not None and bool(mask[1]),
+                             not simplified and bool(mask[2]), op)
+    return (dx if mask[0] else _nothing(x), _nothing(x) if dw is None else dw,
+            _nothing(x) if db is None else db)
 
 
 @register_fake(f"{NS}::layer_norm_backward")
-def _(dy, x, weight, mean, inv, ndim, simplified, mask):
+def _(dy, x, weight, stats, ndim, simplified, mask):
     shp = x.shape[x.dim() - ndim:]
     return (torch.empty_like(x, memory_format=torch.contiguous_format) if mask[0]
             else _nothing(x),
-            x.new_empty(shp) if mask[1] else _nothing(x),
+            x.new_empty(shp) if mask[1] and weight is not None else _nothing(x),
             x.new_empty(shp) if mask[2] and not simplified else _nothing(x))
 
 
 def _ln_setup(ctx, inputs, output):
     x, weight, bias, ndim, _eps, simplified = inputs
-    _, mean, inv = output
-    ctx.save_for_backward(x, weight, mean, inv)
+    ctx.save_for_backward(x, weight, output[1])
     ctx.ndim, ctx.simplified, ctx.has_bias = ndim, simplified, bias is not None
     ctx.set_materialize_grads(True)
 
 
-def _ln_bwd(ctx, dy, _dmean, _dinv):
-    x, weight, mean, inv = ctx.saved_tensors
+def _ln_bwd(ctx, dy, _dstats):
+    x, weight, stats = ctx.saved_tensors
     n = ctx.needs_input_grad
     mask = [n[0], weight is not None and n[1], ctx.has_bias and n[2]]
-    dx, dw, db = layer_norm_backward(dy, x, weight, mean, inv, ctx.ndim, ctx.simplified,
-                                     mask)
+    dx, dw, db = layer_norm_backward(dy, x, weight, stats, ctx.ndim, ctx.simplified, mask)
     return (*_grads(mask, dx, dw, db), None, None, None)
 
 

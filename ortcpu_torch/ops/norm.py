@@ -46,66 +46,84 @@ _KERNELS = {dt: (ffi.typeof("float *" if dt == torch.float32 else "double *"),
             for dt in (torch.float32, torch.float64)}
 
 
+def ln_forward(x, weight, bias, ndim: int, eps: float, simplified: bool, op: str):
+    """``(y, x, weight, stats)`` of LayerNorm (RMSNorm when ``simplified``) over the last
+    ``ndim`` dims, arguments checked by the caller: the kernel called directly, on
+    contiguous data (``x``/``weight`` as used), ``stats`` [2 * rows] = mean (unused by
+    RMSNorm), inv_std. Shared by ``_LayerNorm`` and ``ortcpu::layer_norm``."""
+    if not x.is_contiguous():
+        x = x.contiguous()
+    if weight is not None and not weight.is_contiguous():
+        weight = weight.contiguous()
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()
+    cols = x.shape[-1] if ndim == 1 else x.shape[x.dim() - ndim:].numel()
+    rows = x.numel() // cols if cols else x.shape[:x.dim() - ndim].numel()
+    y = empty_like(x)
+    stats = torch.empty(2 * rows, dtype=x.dtype)
+    ctype, fwd, _ = _KERNELS[x.dtype]
+    ps = _cast(ctype, stats.data_ptr())
+    st = fwd(_cast(ctype, x.data_ptr()),
+             _NULL if weight is None else _cast(ctype, weight.data_ptr()),
+             _NULL if bias is None else _cast(ctype, bias.data_ptr()),
+             _cast(ctype, y.data_ptr()), ps, ps + rows, rows, cols, eps, int(simplified),
+             get_num_threads())
+    if st:
+        check_status(st, op)
+    return y, x, weight, stats
+
+
+def ln_backward(dy, x, weight, stats, ndim: int, simplified: bool, need_w: bool,
+                need_b: bool, op: str):
+    """``(dx, dweight, dbias)`` of ``ln_forward`` (LayerNormalizationGrad in one pass;
+    dweight / dbias in the normalized shape, None where not needed); ``x``, ``weight``,
+    ``stats`` as ``ln_forward`` returned them."""
+    cols = x.shape[-1] if ndim == 1 else x.shape[x.dim() - ndim:].numel()
+    rows = stats.numel() // 2
+    if not dy.is_contiguous():
+        dy = dy.contiguous()
+    dx = empty_like(x)
+    dw = torch.empty(cols, dtype=x.dtype) if need_w else None
+    db = torch.empty(cols, dtype=x.dtype) if need_b else None
+    ctype, _, bwd = _KERNELS[x.dtype]
+    ps = _cast(ctype, stats.data_ptr())
+    st = bwd(_cast(ctype, dy.data_ptr()), _cast(ctype, x.data_ptr()),
+             _NULL if weight is None else _cast(ctype, weight.data_ptr()), _NULL,
+             _NULL if simplified else ps, ps + rows, _cast(ctype, dx.data_ptr()),
+             _NULL if dw is None else _cast(ctype, dw.data_ptr()),
+             _NULL if db is None else _cast(ctype, db.data_ptr()), rows, cols,
+             1 if simplified else 0, get_num_threads())
+    if st:
+        check_status(st, op)
+    if ndim != 1:
+        shp = x.shape[x.dim() - ndim:]
+        dw = None if dw is None else dw.view(shp)
+        db = None if db is None else db.view(shp)
+    return dx, dw, db
+
+
 class _LayerNorm(torch.autograd.Function):
-    """The arguments were checked by the caller (once per signature): the kernels are
-    called directly, on contiguous data, without the registry's per-call checks. The
-    call's Python is kept short (``select`` times the whole call, and a 64x64 LayerNorm's
-    kernel is a few microseconds): pointers are cast once per tensor with the dtype's
-    pointer type, mean and inv_std share one tensor ([2, rows]), the per-call metadata is
-    one tuple."""
+    """The arguments were checked by the caller (once per signature): ``ln_forward`` /
+    ``ln_backward``. The call's Python is kept short (``select`` times the whole call, and
+    a 64x64 LayerNorm's kernel is a few microseconds): pointers are cast once per tensor
+    with the dtype's pointer type, mean and inv_std share one tensor ([2, rows]), the
+    per-call metadata is one tuple."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, ndim: int, eps: float, simplified: bool, op: str):
-        if not x.is_contiguous():
-            x = x.contiguous()
-        if weight is not None and not weight.is_contiguous():
-            weight = weight.contiguous()
-        if bias is not None and not bias.is_contiguous():
-            bias = bias.contiguous()
-        cols = x.shape[-1] if ndim == 1 else x.shape[x.dim() - ndim:].numel()
-        rows = x.numel() // cols if cols else x.shape[:x.dim() - ndim].numel()
-        y = empty_like(x)
-        stats = torch.empty(2 * rows, dtype=x.dtype)  # mean (unused by RMSNorm), inv_std
-        ctype, fwd, _ = _KERNELS[x.dtype]
-        ps = _cast(ctype, stats.data_ptr())
-        st = fwd(_cast(ctype, x.data_ptr()),
-                 _NULL if weight is None else _cast(ctype, weight.data_ptr()),
-                 _NULL if bias is None else _cast(ctype, bias.data_ptr()),
-                 _cast(ctype, y.data_ptr()), ps, ps + rows, rows, cols, eps, int(simplified),
-                 get_num_threads())
-        if st:
-            check_status(st, op)
+        y, x, weight, stats = ln_forward(x, weight, bias, ndim, eps, simplified, op)
         ctx.save_for_backward(x, weight, stats)
-        ctx.meta = (rows, cols, ndim, simplified, op, bias is not None)
+        ctx.meta = (ndim, simplified, op, bias is not None)
         return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
         x, weight, stats = ctx.saved_tensors
-        rows, cols, ndim, simplified, op, has_bias = ctx.meta
+        ndim, simplified, op, has_bias = ctx.meta
         need = ctx.needs_input_grad
-        need_w = weight is not None and need[1]
-        need_b = has_bias and need[2]
-        if not dy.is_contiguous():  # autograd hands it in the output's shape and dtype
-            dy = dy.contiguous()
-        dx = empty_like(x)
-        dw = torch.empty(cols, dtype=x.dtype) if need_w else None
-        db = torch.empty(cols, dtype=x.dtype) if need_b else None
-        ctype, _, bwd = _KERNELS[x.dtype]
-        ps = _cast(ctype, stats.data_ptr())
-        st = bwd(_cast(ctype, dy.data_ptr()), _cast(ctype, x.data_ptr()),
-                 _NULL if weight is None else _cast(ctype, weight.data_ptr()), _NULL,
-                 _NULL if simplified else ps, ps + rows, _cast(ctype, dx.data_ptr()),
-                 _NULL if dw is None else _cast(ctype, dw.data_ptr()),
-                 _NULL if db is None else _cast(ctype, db.data_ptr()), rows, cols,
-                 1 if simplified else 0, get_num_threads())
-        if st:
-            check_status(st, op)
-        if ndim != 1:
-            shp = x.shape[x.dim() - ndim:]
-            dw = None if dw is None else dw.view(shp)
-            db = None if db is None else db.view(shp)
+        dx, dw, db = ln_backward(dy, x, weight, stats, ndim, simplified,
+                                 weight is not None and need[1], has_bias and need[2], op)
         return dx, dw, db, None, None, None, None
 
 
@@ -122,7 +140,7 @@ def _run(*args):
 _CHECKED = SignatureCache()
 
 
-def _checked(op: str, input, normalized_shape, weight, bias, eps) -> int:
+def checked_dims(op: str, input, normalized_shape, weight, bias, eps) -> int:
     """The number of normalized dims, after the argument checks (run once per signature:
     tensor kinds and shapes, ``normalized_shape``, ``eps``)."""
     shp = (normalized_shape,) if isinstance(normalized_shape, int) else normalized_shape
@@ -150,7 +168,7 @@ def layer_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | Non
     """Like ``torch.nn.functional.layer_norm``; backward is ORT's LayerNormalizationGrad
     (one fused pass for dX, dweight and dbias)."""
     op = "layer_norm"
-    nd = _checked(op, input, normalized_shape, weight, bias, eps)
+    nd = checked_dims(op, input, normalized_shape, weight, bias, eps)
     return _run(input, weight, bias, nd, float(eps), False, op)
 
 
@@ -163,5 +181,5 @@ def rms_norm(input: torch.Tensor, normalized_shape, weight: torch.Tensor | None 
         if not isinstance(input, torch.Tensor):
             raise TypeError(f"{op}: input must be a torch.Tensor, got {type(input).__name__}")
         eps = torch.finfo(input.dtype).eps if input.dtype.is_floating_point else 0.0
-    nd = _checked(op, input, normalized_shape, weight, None, eps)
+    nd = checked_dims(op, input, normalized_shape, weight, None, eps)
     return _run(input, weight, None, nd, float(eps), True, op)
