@@ -168,7 +168,7 @@ def run_model(name: str, args) -> None:
     for label in ("compiled wrapped (default: auto)", "compiled wrapped (ours inside)"):
         t = statistics.median(times[label])
         met = counters[label].frame_count == 1 and t <= ref * 1.02
-        in_graph = sorted({ln.split("torch.ops.ortcpu.")[1].split("(")[0]
+        in_graph = sorted({ln.split("torch.ops.ortcpu.")[1].split("(")[0].split(".")[0]
                            for g in counters[label].graphs
                            for ln in g.code.split("\n") if "torch.ops.ortcpu." in ln})
         print(f"  bar for {label} (compiles once, not slower than eager wrapped): "
@@ -179,7 +179,7 @@ def run_model(name: str, args) -> None:
 def _below_autograd(x):
     # how a compiled graph's forward/backward calls the op: below the autograd key
     with torch._C._AutoDispatchBelowAutograd():
-        return torch.ops.ortcpu.gelu.default(x, 0)
+        return torch.ops.ortcpu.gelu(x, 0)
 
 
 def per_call_cost(reps: int = 2000) -> None:
@@ -220,7 +220,7 @@ def boundary_cost(reps: int = 50) -> None:
     x, w, b = (torch.randn(*s, requires_grad=True) for s in ((64, 256), (256, 256), (256,)))
     cases = {"compiled F.linear fwd+bwd": torch.compile(lambda: F.linear(x, w, b).sum()),
              "compiled ortcpu::linear (ATen side)": torch.compile(
-                 lambda: torch.ops.ortcpu.linear(x, w, b, True).sum())}
+                 lambda: L.OPS.linear(x, w, b, True).sum())}
     saved, L._side = L._side, lambda key, ours, theirs: "torch"
     try:
         res = {k: [] for k in cases}

@@ -48,7 +48,7 @@ class _BatchNorm(torch.autograd.Function):
             y, mean, var, inv = K.bn_train_core(op, x, scale, shift, eps)
             if running_var is not None:
                 var.mul_(factor)  # var is this call's own buffer, used only here
-            _update_running((running_mean, running_var), (mean, var), momentum)
+            update_running((running_mean, running_var), (mean, var), momentum)
         else:
             rm, rv = _vec(running_mean, x), _vec(running_var, x)
             mean = rm
@@ -72,14 +72,16 @@ class _BatchNorm(torch.autograd.Function):
         return dx, dw, db, None, None, None, None, None, None
 
 
-def _update_running(running, batch, momentum: float) -> None:
-    """``running = (1 - momentum)·running + momentum·batch`` in place, for each running
-    statistic that is not None (forward of an autograd.Function: grad mode is off). Two
-    plain in-place ops per statistic: torch's ``_foreach_`` pair measured slower on [C]."""
-    for r, b in zip(running, batch, strict=True):
+def update_running(running, batch, momentum: float, scales=None) -> None:
+    """``running = (1 - momentum)·running + momentum·scale·batch`` in place, for each
+    running statistic that is not None (``scales``: one factor per statistic, default 1;
+    grad mode off). Two plain in-place ops per statistic: torch's ``_foreach_`` pair
+    measured slower on [C]."""
+    for i, (r, b) in enumerate(zip(running, batch, strict=True)):
         if r is not None:
+            alpha = momentum if scales is None else momentum * scales[i]
             r.mul_(1.0 - momentum).add_(b if b.dtype is r.dtype else b.to(r.dtype),
-                                        alpha=momentum)
+                                        alpha=alpha)
 
 
 _BN_CHECKED = SignatureCache()

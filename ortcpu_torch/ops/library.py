@@ -37,6 +37,7 @@ have no autograd formula of their own, so differentiating them raises.
 from __future__ import annotations
 
 import math
+import types
 from collections import Counter
 from collections.abc import Sequence
 
@@ -55,13 +56,23 @@ from ..kernels import loss as KL
 from ..kernels import pool as KP
 from ..kernels import tensor as KT
 from ..kernels._checks import checked_signature, float_check
+from .batchnorm import update_running
 from .conv import plan_of
 from .linear import _LINEAR_CHECKED, _check_linear
 from .norm import checked_dims, ln_backward, ln_forward
 
 NS = "ortcpu"
+#: the overload name of every op, bumped whenever an op's schema or outputs change:
+#: torch's compile caches key a graph on its code, which names the op and overload but
+#: not the fake implementation, so a compilation cached before the change would otherwise
+#: be reused after it (and fail its output shape asserts; see ``OPS``)
+OVERLOAD = "v2"
 
 _LIB = torch.library.Library(NS, "DEF")
+
+
+def _qualified(name: str) -> str:
+    return f"{NS}::{name}.{OVERLOAD}"
 
 
 def _op(name: str, mutates_args=()):
@@ -73,8 +84,9 @@ def _op(name: str, mutates_args=()):
     pays on every call."""
 
     def define(fn):
-        _LIB.define(name + torch.library.infer_schema(fn, mutates_args=mutates_args))
-        _LIB.impl(name, fn, "CPU")
+        _LIB.define(f"{name}.{OVERLOAD}" +
+                    torch.library.infer_schema(fn, mutates_args=mutates_args))
+        _LIB.impl(f"{name}.{OVERLOAD}", fn, "CPU")
         _IMPLS[name] = fn
         return getattr(torch.ops.ortcpu, name)
 
@@ -111,7 +123,7 @@ def _autograd(op, backward, setup_context) -> None:
     redispatches through Python on every call: 10 us of a 2x2 max pool's 22 us inside a
     compiled graph, measured, where no gradient is ever tracked at run time.)"""
     name = op._qualified_op_name.split("::")[1]
-    impl, overload = _IMPLS[name], op.default
+    impl, overload = _IMPLS[name], getattr(op, OVERLOAD)
     arguments = overload._schema.arguments
 
     def full_inputs(args):
@@ -145,7 +157,7 @@ def _autograd(op, backward, setup_context) -> None:
         with _below_autograd():
             return overload.redispatch(keyset & _AFTER_AUTOGRAD, *args)
 
-    _LIB.impl(name, kernel, "Autograd", with_keyset=True)
+    _LIB.impl(f"{name}.{OVERLOAD}", kernel, "Autograd", with_keyset=True)
 
 
 #: forward ops traced into a compiled graph in this process, by name: counted by the fake
@@ -228,7 +240,7 @@ def _linear_torch(x, weight, bias):
         return _fresh(torch.ops.aten.linear.default(x, weight, bias), (x, weight, bias))
 
 
-@register_fake(f"{NS}::linear")
+@register_fake(_qualified("linear"))
 def _(x, weight, bias, pick=False):
     TRACED["linear"] += 1
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
@@ -268,7 +280,7 @@ def _linear_bwd_ours(dy, x, weight, mask):
     return dx, dw, db
 
 
-@register_fake(f"{NS}::linear_backward")
+@register_fake(_qualified("linear_backward"))
 def _(dy, x, weight, mask, pick=False):
     return (x.new_empty(x.shape) if mask[0] else _nothing(x),
             x.new_empty(weight.shape) if mask[1] else _nothing(x),
@@ -301,7 +313,7 @@ def gelu(x: Tensor, approximate: int) -> Tensor:
                                 approximate)
 
 
-@register_fake(f"{NS}::gelu")
+@register_fake(_qualified("gelu"))
 def _(x, approximate):
     TRACED["gelu"] += 1
     return torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -313,7 +325,7 @@ def gelu_backward(dy: Tensor, x: Tensor, approximate: int) -> Tensor:
                                  False)[0]
 
 
-@register_fake(f"{NS}::gelu_backward")
+@register_fake(_qualified("gelu_backward"))
 def _(dy, x, approximate):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
@@ -337,7 +349,7 @@ def act(x: Tensor, kind: str, alpha: float) -> Tensor:
     return KA.act_forward(kind, x.contiguous(), alpha)
 
 
-@register_fake(f"{NS}::act")
+@register_fake(_qualified("act"))
 def _(x, kind, alpha):
     TRACED[f"act[{kind}]"] += 1
     return torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -349,7 +361,7 @@ def act_backward(dy: Tensor, x: Tensor, kind: str, alpha: float) -> Tensor:
     return KA.act_backward(kind + "Grad", kind, dy.contiguous(), x.contiguous(), "X", alpha)
 
 
-@register_fake(f"{NS}::act_backward")
+@register_fake(_qualified("act_backward"))
 def _(dy, x, kind, alpha):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
@@ -369,7 +381,7 @@ def hard(x: Tensor, kind: str, a: float, b: float) -> Tensor:
     return KA.hard_forward(kind, kind, x.contiguous(), a, b)
 
 
-@register_fake(f"{NS}::hard")
+@register_fake(_qualified("hard"))
 def _(x, kind, a, b):
     TRACED[f"hard[{kind}]"] += 1
     return torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -380,7 +392,7 @@ def hard_backward(dy: Tensor, x: Tensor, kind: str, a: float, b: float) -> Tenso
     return KA.hard_backward(kind, kind, dy.contiguous(), x.contiguous(), a, b)
 
 
-@register_fake(f"{NS}::hard_backward")
+@register_fake(_qualified("hard_backward"))
 def _(dy, x, kind, a, b):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
@@ -398,7 +410,7 @@ def softmax(x: Tensor, dim: int, log: bool) -> Tensor:
     return KA.softmax_forward("log_softmax" if log else "softmax", x.contiguous(), dim, log)
 
 
-@register_fake(f"{NS}::softmax")
+@register_fake(_qualified("softmax"))
 def _(x, dim, log):
     TRACED["log_softmax" if log else "softmax"] += 1
     return torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -410,7 +422,7 @@ def softmax_backward(dy: Tensor, y: Tensor, dim: int, log: bool) -> Tensor:
     return KA.softmax_backward("softmax", dy.contiguous(), y.contiguous(), dim, log, False)
 
 
-@register_fake(f"{NS}::softmax_backward")
+@register_fake(_qualified("softmax_backward"))
 def _(dy, y, dim, log):
     return torch.empty_like(y, memory_format=torch.contiguous_format)
 
@@ -445,7 +457,7 @@ def _rows(x, ndim):
     return math.prod(x.shape[:x.dim() - ndim])
 
 
-@register_fake(f"{NS}::layer_norm")
+@register_fake(_qualified("layer_norm"))
 def _(x, weight, bias, ndim, eps, simplified):
     TRACED["rms_norm" if simplified else "layer_norm"] += 1
     return (torch.empty_like(x, memory_format=torch.contiguous_format),
@@ -473,7 +485,7 @@ def layer_norm_backward(dy: Tensor, x: Tensor, weight: Tensor | None, stats: Ten
             _nothing(x) if db is None else db)
 
 
-@register_fake(f"{NS}::layer_norm_backward")
+@register_fake(_qualified("layer_norm_backward"))
 def _(dy, x, weight, stats, ndim, simplified, mask):
     shp = x.shape[x.dim() - ndim:]
     return (torch.empty_like(x, memory_format=torch.contiguous_format) if mask[0]
@@ -539,20 +551,16 @@ def batch_norm_update_stats(running_mean: Tensor | None, running_var: Tensor | N
     batch variance (``var·count/(count - 1)``, ``count`` values per channel), as torch's
     BatchNorm does in training."""
     with torch.no_grad():
-        if running_mean is not None:
-            running_mean.mul_(1.0 - momentum).add_(mean.to(running_mean.dtype),
-                                                   alpha=momentum)
-        if running_var is not None:
-            running_var.mul_(1.0 - momentum).add_(
-                (var * (count / (count - 1))).to(running_var.dtype), alpha=momentum)
+        update_running((running_mean, running_var), (mean, var), momentum,
+                       (1.0, count / (count - 1)))
 
 
-@register_fake(f"{NS}::batch_norm_update_stats")
+@register_fake(_qualified("batch_norm_update_stats"))
 def _(running_mean, running_var, mean, var, momentum, count):
     return None
 
 
-@register_fake(f"{NS}::batch_norm")
+@register_fake(_qualified("batch_norm"))
 def _(x, weight, bias, running_mean, running_var, training, eps):
     TRACED["batch_norm"] += 1
     c = x.shape[1]
@@ -576,7 +584,7 @@ def batch_norm_backward(dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tens
             _nothing(x) if db is None else db)
 
 
-@register_fake(f"{NS}::batch_norm_backward")
+@register_fake(_qualified("batch_norm_backward"))
 def _(dy, x, weight, mean, inv, training, mask):
     c = x.shape[1]
     return (torch.empty_like(x, memory_format=torch.contiguous_format) if mask[0]
@@ -651,7 +659,7 @@ def _cross_entropy(x, t, w, ignore_index, reduction, smoothing, fused):
     return loss, dx, r["lse"], torch.tensor(wsum, dtype=torch.float64)
 
 
-@register_fake(f"{NS}::cross_entropy")
+@register_fake(_qualified("cross_entropy"))
 def _(x, target, weight, ignore_index, reduction, smoothing, fused):
     TRACED["cross_entropy"] += 1
     n = x.shape[0]
@@ -685,7 +693,7 @@ def cross_entropy_backward(dy: Tensor, x: Tensor, target: Tensor, weight: Tensor
                            smoothing=smoothing)
 
 
-@register_fake(f"{NS}::cross_entropy_backward")
+@register_fake(_qualified("cross_entropy_backward"))
 def _(dy, x, target, weight, lse, wsum, dx_unit, ignore_index, reduction, smoothing):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
@@ -748,7 +756,7 @@ def _conv_torch(x, weight, bias, stride, padding, dilation, groups):
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
 
-@register_fake(f"{NS}::conv")
+@register_fake(_qualified("conv"))
 def _(x, weight, bias, stride, padding, dilation, groups, pick=False):
     TRACED[f"conv{x.dim() - 2}d"] += 1
     # torch's own shape function (its meta kernel), so the shapes agree by construction
@@ -792,7 +800,7 @@ def _conv_bwd_ours(dy, x, weight, stride, padding, dilation, groups, mask):
             _nothing(x) if db is None else db)
 
 
-@register_fake(f"{NS}::conv_backward")
+@register_fake(_qualified("conv_backward"))
 def _(dy, x, weight, stride, padding, dilation, groups, mask, pick=False):
     return (x.new_empty(x.shape) if mask[0] else _nothing(x),
             x.new_empty(weight.shape) if mask[1] else _nothing(x),
@@ -857,7 +865,7 @@ _MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 _AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
 
 
-@register_fake(f"{NS}::max_pool")
+@register_fake(_qualified("max_pool"))
 def _(x, kernel_size, stride, padding, dilation, ceil_mode):
     TRACED[f"max_pool{x.dim() - 2}d"] += 1
     y = _MAX_POOL[x.dim() - 2](x, kernel_size, stride, padding, dilation, ceil_mode)
@@ -876,7 +884,7 @@ def max_pool_backward(dy: Tensor, indices: Tensor, x: Tensor) -> Tensor:
     return KP.maxpool_backward("max_pool", dy.contiguous(), indices, tuple(x.shape))
 
 
-@register_fake(f"{NS}::max_pool_backward")
+@register_fake(_qualified("max_pool_backward"))
 def _(dy, indices, x):
     return x.new_empty(x.shape)
 
@@ -901,7 +909,7 @@ def avg_pool(x: Tensor, kernel_size: Sequence[int], stride: Sequence[int],
                               **_pool_attrs(kernel_size, stride, padding, ceil_mode))
 
 
-@register_fake(f"{NS}::avg_pool")
+@register_fake(_qualified("avg_pool"))
 def _(x, kernel_size, stride, padding, ceil_mode, count_include_pad):
     TRACED[f"avg_pool{x.dim() - 2}d"] += 1
     y = _AVG_POOL[x.dim() - 2](x, kernel_size, stride, padding, ceil_mode, count_include_pad)
@@ -919,7 +927,7 @@ def avg_pool_backward(dy: Tensor, x: Tensor, kernel_size: Sequence[int],
                                int(count_include_pad), 0, **a)
 
 
-@register_fake(f"{NS}::avg_pool_backward")
+@register_fake(_qualified("avg_pool_backward"))
 def _(dy, x, kernel_size, stride, padding, count_include_pad):
     return x.new_empty(x.shape)
 
@@ -945,7 +953,7 @@ def global_avg_pool(x: Tensor) -> Tensor:
     return KP.GlobalAveragePool(x.contiguous())
 
 
-@register_fake(f"{NS}::global_avg_pool")
+@register_fake(_qualified("global_avg_pool"))
 def _(x):
     TRACED["global_avg_pool"] += 1
     return x.new_empty((x.shape[0], x.shape[1]) + (1,) * (x.dim() - 2))
@@ -956,7 +964,7 @@ def global_avg_pool_backward(dy: Tensor, x: Tensor) -> Tensor:
     return KP.global_pool_backward("global_avg_pool", dy.contiguous(), x.contiguous(), 0)
 
 
-@register_fake(f"{NS}::global_avg_pool_backward")
+@register_fake(_qualified("global_avg_pool_backward"))
 def _(dy, x):
     return x.new_empty(x.shape)
 
@@ -967,3 +975,9 @@ _autograd(global_avg_pool,
 
 
 from . import library_attention  # noqa: E402,F401  (registers ortcpu::attention)
+
+#: every op's current overload by name: what wrap's compile-time adapters call, so that
+#: the graph Dynamo records (the key of torch's AOTAutograd and FX graph caches) names
+#: ``OVERLOAD``, and a compilation cached before an op changed is not reused after it
+OPS = types.SimpleNamespace(**{name: getattr(getattr(torch.ops.ortcpu, name), OVERLOAD)
+                               for name in _IMPLS})

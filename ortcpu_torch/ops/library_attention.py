@@ -21,7 +21,7 @@ from torch.library import register_fake
 
 from .attention import attention_backward as _backward
 from .attention import attention_forward, mask_operands
-from .library import NS, TRACED, _autograd, _grads, _nothing, _op
+from .library import TRACED, _autograd, _grads, _nothing, _op, _qualified
 
 
 def _scores_shape(query, key, rep):
@@ -40,7 +40,7 @@ def attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | Non
     return out, p
 
 
-@register_fake(f"{NS}::attention")
+@register_fake(_qualified("attention"))
 def _(query, key, value, attn_mask, is_causal, scale, rep):
     TRACED["attention"] += 1
     return (query.new_empty((*query.shape[:-1], value.shape[-1])),
@@ -62,7 +62,7 @@ def attention_backward(dout: Tensor, query: Tensor, key: Tensor, value: Tensor, 
     return tuple(t if t is not None else _nothing(query) for t in g)
 
 
-@register_fake(f"{NS}::attention_backward")
+@register_fake(_qualified("attention_backward"))
 def _(dout, query, key, value, p, attn_mask, is_causal, scale, rep, mask):
     return tuple(t.new_empty(t.shape) if m else _nothing(query)
                  for t, m in zip((query, key, value), mask, strict=True))

@@ -36,7 +36,7 @@ from ..ops.conv import _tuple
 from ..ops.pool import _pool_attrs
 from .policy import FLOATS
 
-_OPS = torch.ops.ortcpu
+_OPS = L.OPS  # the current overloads (library.OVERLOAD)
 
 
 def _floats(*ts) -> bool:
