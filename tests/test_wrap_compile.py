@@ -587,3 +587,24 @@ def test_compiled_graphs_name_the_versioned_overloads():
     _train_side_by_side("mlp", MLP(), 1, rec, compile_kernels="ours")
     ours = [t for t in rec.forward | rec.backward if t.startswith("ortcpu.")]
     assert ours and all(t.endswith("." + OVERLOAD) for t in ours), ours
+
+
+def test_attributes_set_on_a_swapped_module_reach_the_compiled_forward():
+    """torch.compile runs the original's forward without reading the swapped module's
+    attributes: ``train()``/``eval()`` and configuration writes reach the original as they
+    are made."""
+    torch.manual_seed(0)
+    model, ref = CNN(), None
+    ref = copy.deepcopy(model)
+    wrap(model, fallback="silent", select="ours")
+    cm = torch.compile(model, backend="aot_eager")
+    x, y = _batch("cnn", 4)
+    for m in (model, ref):
+        m.bn.momentum = 0.5
+        m.bn.eps = 1e-2
+    torch.testing.assert_close(cm(x, y), ref(x, y), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(model.bn.running_mean, ref.bn.running_mean, rtol=1e-5,
+                               atol=1e-6)
+    model.eval()
+    ref.eval()
+    torch.testing.assert_close(cm(x, y), ref(x, y), rtol=1e-5, atol=1e-6)

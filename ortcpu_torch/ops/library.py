@@ -450,7 +450,10 @@ def layer_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, ndim: int,
     if not 1 <= ndim <= x.dim():
         raise ValueError(f"{op}: ndim must be in [1, {x.dim()}], got {ndim}")
     checked_dims(op, x, x.shape[x.dim() - ndim:], weight, bias, eps)
-    return tuple(ln_forward(x, weight, bias, ndim, eps, simplified, op)[::3])
+    y, _, _, stats = ln_forward(x, weight, bias, ndim, eps, simplified, op)
+    if simplified:  # the mean half RMSNorm leaves unwritten: a graph output is defined
+        stats[:stats.numel() // 2].zero_()
+    return y, stats
 
 
 def _rows(x, ndim):

@@ -85,9 +85,10 @@ def _wrapped_forward(self, *args, **kwargs):
         # functionals it calls (F.linear, F.batch_norm, ...) to our custom ops
         # (compiled.py). Nothing is counted here: a counter read while tracing becomes a
         # guard, and a guard that changes every call recompiles every call.
-        # (parameters and buffers need no sync: the dicts are shared, build_swap; reading
-        # them through both modules would add a guard function run in Python per call)
-        sync_to_original(self, info.original, info.attrs, dicts=False)
+        # Nothing is synced: the parameter and buffer dicts are shared (build_swap) and
+        # attribute writes reach the original as they happen (_wrapped_setattr); reading
+        # both modules here would guard every attribute twice, and two sources of one
+        # tensor cost a guard function run in Python, on every call
         return info.original.forward(*args, **kwargs)
     state = info.state
     tl = per_thread
@@ -284,10 +285,25 @@ def _our_mode_on_top(state):
     return None
 
 
+_module_setattr = torch.nn.Module.__setattr__  # (our nn classes keep torch's)
+
+
+def _wrapped_setattr(self, name, value):
+    """``Module.__setattr__`` of a swapped module, passing the training flag and the
+    configuration attributes on to the original as they are set (``model.eval()``,
+    ``bn.momentum = 0.01``), so that torch.compile can run the original's forward without
+    reading both modules."""
+    _module_setattr(self, name, value)
+    d = self.__dict__
+    info = d.get(INFO_ATTR)
+    if info is not None and name in d and (name == "training" or name in info.attrs):
+        info.original.__dict__[name] = d[name]
+
+
 def sync_to_original(new, orig, attrs, dicts: bool = True) -> None:
     """The original runs the fallback: give it what may have changed on the swapped module
-    since wrapping (training flag, config attributes; ``dicts``: parameter and buffer dicts
-    the caller replaced on the swapped module)."""
+    since wrapping (training flag, config attributes written past ``_wrapped_setattr``;
+    ``dicts``: parameter and buffer dicts the caller replaced on the swapped module)."""
     nd, od = new.__dict__, orig.__dict__
     # written only when changed: under torch.compile a write is replayed after every call
     if od["training"] is not nd["training"]:
@@ -350,6 +366,7 @@ def wrapped_class(entry: ModuleEntry) -> type | None:
             "forward": _wrapped_forward,
             "__call__": _wrapped_call,
             "_get_name": _wrapped_get_name,
+            "__setattr__": _wrapped_setattr,
             "__module__": __name__,
             "__doc__": f"ortcpu_torch.nn.{cp.__name__} swapped in by ortcpu_torch.wrap() "
                        f"for a {entry.torch_path}; falls back to it when needed.",
