@@ -608,3 +608,19 @@ def test_attributes_set_on_a_swapped_module_reach_the_compiled_forward():
     model.eval()
     ref.eval()
     torch.testing.assert_close(cm(x, y), ref(x, y), rtol=1e-5, atol=1e-6)
+
+
+def test_more_wrapped_models_than_dynamos_recompile_limit_all_compile():
+    """Each wrapped root's forward has a code object of its own: Dynamo's recompile limit
+    (8 entries per code object) counts per model, not across every wrapped model of the
+    process (the ninth used to run uncompiled)."""
+    cnt = torch._dynamo.testing.CompileCounter()
+    n = torch._dynamo.config.recompile_limit + 2
+    for i in range(n):
+        cls = type(f"Net{i}", (nn.Module,), {
+            "__init__": lambda self, i=i: (nn.Module.__init__(self),
+                                           setattr(self, "fc", nn.Linear(8, 8 + i)))[0],
+            "forward": lambda self, x: self.fc(x).sum()})
+        cm = torch.compile(wrap(cls(), fallback="silent"), backend=cnt)
+        cm(torch.randn(4, 8)).backward()
+    assert cnt.frame_count == n

@@ -37,6 +37,7 @@ from __future__ import annotations
 import functools
 import sys
 import threading
+import types
 import weakref
 
 import torch
@@ -396,7 +397,21 @@ class RootForward:
     instead (``compiled.py``). ``EnterHook``/``ExitHook`` do the same for a root that has
     a ``forward`` attribute of its own. It holds the root by weak reference: a strong one
     would be a reference cycle (root -> its ``forward`` -> root), leaving a dropped
-    model's memory to the cyclic garbage collector."""
+    model's memory to the cyclic garbage collector.
+
+    Each instance is of its own subclass whose ``__call__`` has a code object of its own:
+    Dynamo keeps its compiled entries (and their recompile limit, 8) per code object, and
+    with one shared ``__call__`` the ninth model wrapped and compiled in a process ran
+    uncompiled."""
+
+    def __new__(cls, module, state):
+        if cls is RootForward:
+            call = RootForward.__call__
+            own = types.FunctionType(call.__code__.replace(), call.__globals__, call.__name__,
+                                     call.__defaults__, call.__closure__)
+            cls = type("RootForward", (RootForward,),
+                       {"__call__": own, "__module__": __name__, "__slots__": ()})
+        return object.__new__(cls)
 
     def __init__(self, module, state):
         self._module, self.state = weakref.ref(module), state
