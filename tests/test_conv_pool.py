@@ -661,3 +661,29 @@ def test_max_pool_code_path_gradcheck():
     for fn in (lambda t: ops.max_pool2d(t, 3, 2, 1), lambda t: ops.max_pool2d(t, (2, 3), 1),
                lambda t: ops.max_pool1d(t.flatten(2), 4, 3, 2, ceil_mode=True)):
         assert torch.autograd.gradcheck(fn, (x,))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("pad,ceil", [(0, False), (0, True), (1, False), (1, True)])
+def test_max_pool_3x3_stride2_rows_exact(pad, ceil, threads):
+    """The 3x3 / stride-2 row kernel (16 outputs a step from 33 columns, masked at the row
+    ends; AVX-512 builds): widths across the 16- and 32-output steps, heights with a
+    partial last window, NaN and infinities in any tap; float64 takes the generic rows."""
+    g = torch.Generator().manual_seed(11)
+    torch.set_num_threads(threads)
+    try:
+        for dtype in (torch.float32, torch.float64):
+            for w in (3, 4, 5, 15, 16, 17, 31, 32, 33, 34, 35, 63, 64, 65, 67):
+                h = 7 if w % 2 else 6
+                x = torch.randn(2, 3, h, w, generator=g, dtype=dtype)
+                flat = x.view(-1)
+                flat[::7] = float("nan")
+                flat[3::11] = float("inf")
+                flat[5::13] = float("-inf")
+                y, _ = K.MaxPool(x, kernel_shape=[3, 3], strides=[2, 2], pads=[pad] * 4,
+                                 ceil_mode=int(ceil), needs=(True, False))
+                ref = F.max_pool2d(x, 3, 2, pad, ceil_mode=ceil)
+                torch.testing.assert_close(y, ref, equal_nan=True, rtol=0, atol=0,
+                                           msg=f"{dtype} {h}x{w}")
+    finally:
+        torch.set_num_threads(1)
