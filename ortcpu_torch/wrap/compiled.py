@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from .._native import lib
 from ..ops import library as L
 from ..ops.attention import fusable, grouped_fusable
 from ..ops.conv import _tuple
@@ -323,9 +324,17 @@ ALL = tuple(FAMILIES)
 #: (``auto_families``). Not GEMMs otherwise: a custom op call costs ~0.1-0.4 ms more per
 #: forward+backward than Inductor's direct ATen call (torch.library's Python dispatch,
 #: measured on tiny to 64x256x256 shapes), more than a GEMM of torch's speed saves (AVX2
-#: EPYC, MLP 64x256: 0.80x with ``linear`` in, 0.90x without); nor GELU, LayerNorm,
-#: softmax or cross entropy, which Inductor fuses with their neighbours.
+#: EPYC, MLP 64x256: 0.80x with ``linear`` in, 0.90x without); attention likewise; GELU,
+#: LayerNorm and cross entropy on the AVX-512 build only (``FUSED_ON_AVX512``); never
+#: softmax or the pointwise activations, which Inductor fuses with their neighbours.
 AUTO = ("conv", "batch_norm", "pool")
+#: ``auto`` on our AVX-512 build also routes these: with the per-call cost of an op now
+#: ~6 us above its kernel (library._autograd), ours measured faster inside the graph than
+#: Inductor's fused code (Zen 5, 1 thread, eager wrapped / compiled: MLP block 0.90 ->
+#: 0.92-0.94x, GPT block 0.94 -> 0.99-1.00x, CNN block 0.95 -> 1.00x with cross entropy;
+#: with every side held to AVX2 code they measured 0.85 -> 0.80x and 0.89 -> 0.88x, so the
+#: AVX2 build leaves them to Inductor). softmax measured neutral and stays Inductor's.
+FUSED_ON_AVX512 = ("gelu", "layer_norm", "cross_entropy")
 COMPILE_CHOICES = ("auto", "ours", "torch")
 #: our float32 GEMM must take at most this share of torch.mm's time for ``linear`` to
 #: join "auto" (AMD Zen 5, 1-2 threads, 256^3: our OpenBLAS on its AVX-512 kernels 0.47-0.52
@@ -360,7 +369,8 @@ def auto_families() -> tuple[str, ...]:
     ``torch.mm``'s time, plus ``attention`` when our fused causal attention forward +
     backward (1x4x128x64) takes at most ``GEMM_EDGE`` of torch's
     ``scaled_dot_product_attention`` (each the median of 7 alternating rounds, measured
-    once per process at the first wrap, a few tens of milliseconds in all)."""
+    once per process at the first wrap, a few tens of milliseconds in all), plus
+    ``FUSED_ON_AVX512`` when our AVX-512 build is loaded."""
     from ..kernels.gemm import gemm
     from ..ops.attention import fused_attention
 
@@ -378,6 +388,8 @@ def auto_families() -> tuple[str, ...]:
             .backward())
     if ratio <= GEMM_EDGE:
         fams += ("attention",)
+    if lib.ortcpu_isa_level() >= 2:
+        fams += FUSED_ON_AVX512
     return fams
 
 
