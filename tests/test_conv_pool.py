@@ -664,11 +664,13 @@ def test_max_pool_code_path_gradcheck():
 
 
 @pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("stride", [1, 2])
 @pytest.mark.parametrize("pad,ceil", [(0, False), (0, True), (1, False), (1, True)])
-def test_max_pool_3x3_stride2_rows_exact(pad, ceil, threads):
-    """The 3x3 / stride-2 row kernel (16 outputs a step from 33 columns, masked at the row
-    ends; AVX-512 builds): widths across the 16- and 32-output steps, heights with a
-    partial last window, NaN and infinities in any tap; float64 takes the generic rows."""
+def test_max_pool_3x3_rows_exact(pad, ceil, stride, threads):
+    """The 3x3 / stride-1 and stride-2 row kernels (16 outputs a step from the column maxima
+    of 18 / 33 columns, masked at the row ends; AVX-512 builds): widths across the 16- and
+    32-output steps, heights with a partial last window, NaN and infinities in any tap;
+    float64 takes the generic rows."""
     g = torch.Generator().manual_seed(11)
     torch.set_num_threads(threads)
     try:
@@ -680,9 +682,9 @@ def test_max_pool_3x3_stride2_rows_exact(pad, ceil, threads):
                 flat[::7] = float("nan")
                 flat[3::11] = float("inf")
                 flat[5::13] = float("-inf")
-                y, _ = K.MaxPool(x, kernel_shape=[3, 3], strides=[2, 2], pads=[pad] * 4,
-                                 ceil_mode=int(ceil), needs=(True, False))
-                ref = F.max_pool2d(x, 3, 2, pad, ceil_mode=ceil)
+                y, _ = K.MaxPool(x, kernel_shape=[3, 3], strides=[stride] * 2,
+                                 pads=[pad] * 4, ceil_mode=int(ceil), needs=(True, False))
+                ref = F.max_pool2d(x, 3, stride, pad, ceil_mode=ceil)
                 torch.testing.assert_close(y, ref, equal_nan=True, rtol=0, atol=0,
                                            msg=f"{dtype} {h}x{w}")
     finally:

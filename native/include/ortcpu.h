@@ -682,6 +682,11 @@ int ortcpu_conv_p16(const float *x, const float *packed, const float *bias, cons
 int ortcpu_conv1x1_p16(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
                        const float *packed, const float *bias, const float *res, int relu,
                        float *y, int64_t ystride, int nthreads);
+/* lrn (lrn.c): ONNX LRN across channels on float32 NCHW x [n][c][p] (p = the spatial
+ * size) into y (not x): y = x / (bias + alpha / size * sum of x^2 over the channel window
+ * [c - floor((size-1)/2), c + ceil((size-1)/2)] clipped to [0, c))^beta. */
+int ortcpu_lrn_f32(const float *x, float *y, int64_t n, int64_t c, int64_t p, int64_t size,
+                   float alpha, float beta, float bias, int nthreads);
 /* bmm_strided: for the batch entries (i0 < batch0, i1 < batch1), C_i (m x n, row stride
  * ldc) = alpha * op(A_i) . op(B_i), each operand a strided matrix (row stride lda / ldb;
  * stored k x m / n x k when transposed) at i0*s[0] + i1*s[1] elements from its base, s

@@ -149,6 +149,27 @@ mp_rows16(const float *const *r, int n, int64_t c, int64_t iw)
     return v;
 }
 
+/* One output row of a 3x3 / stride-1 max pool (dilation 1) without Indices: y[j] = the
+ * max of rows r[0..n) over input columns [j - pb, j - pb + 3), 16 outputs a step from the
+ * column maxima of 18 consecutive columns shifted by lane rotations (inception's pools). */
+__attribute__((target("arch=x86-64-v4"))) static void
+mp_k3s1_row(const float *const *r, int n, int64_t iw, int64_t pb, float *restrict y,
+            int64_t ow)
+{
+    for (int64_t j = 0; j < ow; j += 16) {
+        int64_t c = j - pb;
+        __m512 a = mp_rows16(r, n, c, iw), b = mp_rows16(r, n, c + 16, iw);
+        __m512 v1 = _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(b),
+                                                            _mm512_castps_si512(a), 1));
+        __m512 v2 = _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(b),
+                                                            _mm512_castps_si512(a), 2));
+        __m512 v = mp_nanmax512(mp_nanmax512(a, v1), v2);
+        int64_t left = ow - j;
+        _mm512_mask_storeu_ps(y + j, left >= 16 ? (__mmask16)0xFFFF
+                                                : (__mmask16)((1u << left) - 1), v);
+    }
+}
+
 /* One output row of a 3x3 / stride-2 max pool (dilation 1) without Indices: y[j] = the
  * max of rows r[0..n) over input columns [2j - pb, 2j - pb + 3), 16 outputs a step: the
  * column maxima of 33 consecutive input columns, then the even, odd and next-even columns

@@ -29,7 +29,7 @@ from .conv_infer import bind_static_conv
 from .dtypes import ONNX_TO_TORCH
 from .fusions import INTERNAL_DOMAIN
 from .op_table import MS_DOMAIN, ONNX_DOMAIN, lookup, op
-from .ops_torch import _wrap_indices, avg_pool_dilated
+from .ops_torch import _wrap_indices, avg_pool_dilated, lrn_torch
 
 FLOATS = (torch.float32, torch.float64)
 
@@ -839,6 +839,24 @@ def _concat_static(ctx, axis, generic):
         return y
     concat.keep = (dst_strides, pieces)  # the index arrays' memory
     return concat
+
+
+@kernel_op("LRN")
+def _lrn(ctx):
+    """Native (``lrn.c``: one pass) on contiguous float32 [N, C, ...]; torch ops else."""
+    alpha, beta = float(ctx.attr("alpha", 1e-4)), float(ctx.attr("beta", 0.75))
+    bias, size = float(ctx.attr("bias", 1.0)), ctx.attr("size")
+    fallback = lrn_torch(alpha, beta, bias, size)
+
+    def lrn(x):
+        if x.dtype != torch.float32 or x.dim() < 3 or not x.is_contiguous():
+            return fallback(x)
+        y = empty(tuple(x.shape), x.dtype)
+        check_status(lib.ortcpu_lrn_f32(ptr(x), ptr(y), x.shape[0], x.shape[1],
+                                        math.prod(x.shape[2:]), size, alpha, beta, bias,
+                                        get_num_threads()), "LRN")
+        return y
+    return lrn
 
 
 @kernel_op("SoftmaxCrossEntropyLoss", since=12)

@@ -605,10 +605,9 @@ def _instance_norm(ctx):
     return inorm
 
 
-@op("LRN")
-def _lrn(ctx):
-    alpha, beta = ctx.attr("alpha", 1e-4), ctx.attr("beta", 0.75)
-    bias, size = ctx.attr("bias", 1.0), ctx.attr("size")
+def lrn_torch(alpha: float, beta: float, bias: float, size: int):
+    """ONNX LRN as torch ops (float64 and other inputs the native float32 kernel,
+    ops_kernels' LRN, does not take)."""
     lo = (size - 1) // 2
     hi = size - 1 - lo
 
