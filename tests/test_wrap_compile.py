@@ -627,3 +627,17 @@ def test_more_wrapped_models_than_dynamos_recompile_limit_all_compile():
         cm = torch.compile(wrap(cls(), fallback="silent"), backend=cnt)
         cm(torch.randn(4, 8)).backward()
     assert cnt.frame_count == n
+
+
+def test_compiled_sdpa_leaves_long_sequences_to_torch():
+    """Beyond ATTENTION_MAX_SCORES scores per head (our fused attention materialises them;
+    torch's flash attention tiles) the compiled graph keeps torch's attention."""
+    from ortcpu_torch.wrap.compiled import ATTENTION_MAX_SCORES
+
+    t = int(ATTENTION_MAX_SCORES ** 0.5) + 1
+    model = _SelfAttention({"is_causal": True}, d=4, heads=1, kv_heads=1)
+    rec = GraphRecorder()
+    cm = torch.compile(wrap(model, fallback="silent", select="ours",
+                            compile_kernels=["attention"]), backend=rec)
+    cm(torch.randn(1, t, 4)).backward()
+    assert not any(n.startswith("ortcpu.attention") for n in rec.forward), rec.forward

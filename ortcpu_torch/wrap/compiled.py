@@ -223,8 +223,17 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
             return NotImplemented
     elif not fusable(query, key, value, attn_mask):
         return NotImplemented
+    if query.shape[-2] * key.shape[-2] > ATTENTION_MAX_SCORES:
+        return NotImplemented
     s = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
     return _OPS.attention(query, key, value, attn_mask, bool(is_causal), s, rep)[0]
+
+
+#: the largest L·S (scores per head) the compiled graph sends to our fused attention, which
+#: materialises them: causal fwd+bwd on Zen 5, ours / torch's flash attention time,
+#: 0.54-0.65 up to L = S = 512, 0.8-1.0 at 768, 0.85-1.05 at 1024, 1.6-1.75 at 2048 and
+#: 4096 (torch's runs in tiles)
+ATTENTION_MAX_SCORES = 1024 * 1024
 
 
 def _pool_args(r, kernel_size, stride, padding, dilation=1):
