@@ -149,6 +149,15 @@ mp_rows16(const float *const *r, int n, int64_t c, int64_t iw)
     return v;
 }
 
+/* y[j .. j + 16) = v, clipped to the row's ow outputs */
+__attribute__((target("arch=x86-64-v4"), always_inline)) static inline void
+mp_store16(float *y, int64_t j, int64_t ow, __m512 v)
+{
+    int64_t left = ow - j;
+    _mm512_mask_storeu_ps(y + j, left >= 16 ? (__mmask16)0xFFFF
+                                            : (__mmask16)((1u << left) - 1), v);
+}
+
 /* One output row of a 3x3 / stride-1 max pool (dilation 1) without Indices: y[j] = the
  * max of rows r[0..n) over input columns [j - pb, j - pb + 3), 16 outputs a step from the
  * column maxima of 18 consecutive columns shifted by lane rotations (inception's pools). */
@@ -164,9 +173,7 @@ mp_k3s1_row(const float *const *r, int n, int64_t iw, int64_t pb, float *restric
         __m512 v2 = _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(b),
                                                             _mm512_castps_si512(a), 2));
         __m512 v = mp_nanmax512(mp_nanmax512(a, v1), v2);
-        int64_t left = ow - j;
-        _mm512_mask_storeu_ps(y + j, left >= 16 ? (__mmask16)0xFFFF
-                                                : (__mmask16)((1u << left) - 1), v);
+        mp_store16(y, j, ow, v);
     }
 }
 
@@ -192,9 +199,7 @@ mp_k3s2_row(const float *const *r, int n, int64_t iw, int64_t pb, float *restric
         __m512 w = _mm512_permutex2var_ps(a, e2, b); /* lane 15 reads b[0]: replaced */
         w = _mm512_mask_broadcastss_ps(w, (__mmask16)0x8000, _mm512_castps512_ps128(t));
         v = mp_nanmax512(v, w);
-        int64_t left = ow - j;
-        _mm512_mask_storeu_ps(y + j, left >= 16 ? (__mmask16)0xFFFF
-                                                : (__mmask16)((1u << left) - 1), v);
+        mp_store16(y, j, ow, v);
     }
 }
 #endif

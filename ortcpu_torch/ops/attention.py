@@ -41,14 +41,20 @@ def _t(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(-2, -1)
 
 
+def stacked_queries(query, rep: int):
+    """``query`` as the GEMMs read it: with grouped heads (``rep`` > 1) the ``rep`` query
+    heads of one key/value head stacked along L (a view), else ``query`` itself."""
+    if rep == 1:
+        return query
+    *bdims, heads, L, E = query.shape
+    return query.reshape(*bdims, heads // rep, rep * L, E)
+
+
 def attention_forward(query, k, v, mask, mask_rows: int, add, scale: float, rep: int = 1):
     """``(out, q, p)``: the attention output in ``query``'s head layout, the query as the
-    GEMMs read it (grouped heads stacked along L) and the attention weights P; the
-    arguments as ``_Attention`` takes them."""
-    q = query
-    if rep > 1:  # grouped heads: the `rep` query heads of one key head stacked along L
-        *bdims, heads, L, E = query.shape
-        q = query.reshape(*bdims, heads // rep, rep * L, E)
+    GEMMs read it (``stacked_queries``) and the attention weights P; the arguments as
+    ``_Attention`` takes them."""
+    q = stacked_queries(query, rep)
     scores = KG.bmm_strided(_OP, q, _t(k))
     kscale = scale
     if add is not None:

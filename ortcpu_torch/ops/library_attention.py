@@ -20,15 +20,12 @@ from torch import Tensor
 from torch.library import register_fake
 
 from .attention import attention_backward as _backward
-from .attention import attention_forward, mask_operands
+from .attention import attention_forward, mask_operands, stacked_queries
 from .library import TRACED, _autograd, _grads, _nothing, _op, _qualified
 
 
 def _scores_shape(query, key, rep):
-    if rep > 1:
-        *bdims, heads, L, _ = query.shape
-        return (*bdims, heads // rep, rep * L, key.shape[-2])
-    return (*query.shape[:-1], key.shape[-2])
+    return (*stacked_queries(query, rep).shape[:-1], key.shape[-2])
 
 
 @_op("attention")
@@ -53,10 +50,7 @@ def attention_backward(dout: Tensor, query: Tensor, key: Tensor, value: Tensor, 
                        mask: Sequence[bool]) -> tuple[Tensor, Tensor, Tensor]:
     """(dquery, dkey, dvalue); the ones ``mask`` does not ask for are empty."""
     rows_mask, rows, _add = mask_operands(query, key, is_causal, attn_mask)
-    q = query
-    if rep > 1:
-        *bdims, heads, L, E = query.shape
-        q = query.reshape(*bdims, heads // rep, rep * L, E)
+    q = stacked_queries(query, rep)
     g = _backward(dout.contiguous(), q, key, value, p, rows_mask, rows, scale,
                   query.shape if rep > 1 else None, tuple(mask))
     return tuple(t if t is not None else _nothing(query) for t in g)

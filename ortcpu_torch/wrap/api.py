@@ -92,10 +92,11 @@ def wrap(model: torch.nn.Module, *, fallback: str = "warn", include=None, exclud
     fake shapes and autograd formulas, so the graph calls our forward and gradient
     kernels and Inductor compiles the rest, or torch's own ops. ``"auto"`` (default):
     ours for the families that measured faster inside a compiled graph
-    (``ortcpu_torch.wrap.compiled.AUTO``: convolution, BatchNorm, pooling; and GEMMs where
-    our GEMM measures clearly faster than torch's, ``compiled.auto_families``), torch's
-    for the rest; ``"ours"``: every family ours; ``"torch"``: the wrapper steps aside and the
-    compiled graph is torch's; or a list of families from
+    (``compiled.auto_families``: convolution, BatchNorm, pooling; GEMMs and
+    scaled_dot_product_attention where ours measure clearly faster than torch's; GELU,
+    LayerNorm and cross entropy on our AVX-512 build), torch's for the rest; ``"ours"``:
+    every family ours; ``"torch"``: the wrapper steps aside and the compiled graph is
+    torch's; or a list of families from
     ``ortcpu_torch.wrap.compiled.FAMILIES`` (``["linear", "layer_norm"]``).
     ``include``/``exclude`` apply as in eager. Either way the model compiles once (nothing
     the wrapper counts is read while Dynamo traces), and ``select`` does not apply under

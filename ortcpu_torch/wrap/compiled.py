@@ -350,9 +350,9 @@ COMPILE_CHOICES = ("auto", "ours", "torch")
 #: of torch's MKL, which runs AVX2 code on AMD; held on its Haswell kernels 0.91-0.92, left
 #: out. Eager wrapped / compiled wrapped per training step with ``linear`` in: GPT block
 #: 0.55-0.59x -> 0.91-1.02x, MLP 0.61-0.66x -> 0.82-0.94x). The same edge for our fused
-#: attention against torch's CPU flash attention (Zen 5, causal, fwd+bwd, L 64-256: ours
-#: 0.54-0.62 of torch's time on the AVX-512 kernels, 0.83-0.89 held on Haswell's; at
-#: L=1024, where P no longer fits the caches, 0.81-1.0 / 1.24)
+#: attention against torch's CPU flash attention (Zen 5, causal, fwd+bwd at the probe's
+#: L = 128: ours 0.54-0.65 of torch's time on the AVX-512 kernels, 0.83-0.89 held on
+#: Haswell's; longer sequences: ``ATTENTION_MAX_SCORES``)
 GEMM_EDGE = 0.8
 
 

@@ -300,10 +300,10 @@ def _wrapped_setattr(self, name, value):
         info.original.__dict__[name] = d[name]
 
 
-def sync_to_original(new, orig, attrs, dicts: bool = True) -> None:
+def sync_to_original(new, orig, attrs) -> None:
     """The original runs the fallback: give it what may have changed on the swapped module
-    since wrapping (training flag, config attributes written past ``_wrapped_setattr``;
-    ``dicts``: parameter and buffer dicts the caller replaced on the swapped module)."""
+    since wrapping (training flag, config attributes written past ``_wrapped_setattr``,
+    parameter and buffer dicts the caller replaced on the swapped module)."""
     nd, od = new.__dict__, orig.__dict__
     # written only when changed: under torch.compile a write is replayed after every call
     if od["training"] is not nd["training"]:
@@ -311,8 +311,6 @@ def sync_to_original(new, orig, attrs, dicts: bool = True) -> None:
     for k in attrs:
         if k in nd and od.get(k) is not nd[k]:
             od[k] = nd[k]
-    if not dicts:
-        return
     for d in ("_parameters", "_buffers"):
         odd, ndd = od[d], nd[d]
         if odd is ndd:  # shared since build_swap, unless the caller replaced a dict
