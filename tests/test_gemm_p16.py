@@ -162,6 +162,22 @@ def test_conv1x1_p16_matches_float64(threads):
 
 
 @needs_conv1x1
+@pytest.mark.parametrize("nb,cout", [(1, 40), (1, 64), (2, 17), (3, 96)])
+def test_conv1x1_p16_threads_split_positions(nb, cout):
+    """Too few (sample, panel pair) units for two threads: the positions are split into
+    chunks of whole tiles too (529 positions: a partial last tile), every epilogue."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(nb, 64, 23, 23, generator=g)
+    wt = torch.randn(cout, 64, generator=g)
+    b, r = torch.randn(cout, generator=g), torch.randn(nb, cout, 23, 23, generator=g)
+    pw = PackedWeight.pack(wt, True)
+    ref = F.conv2d(x.double(), wt.double()[:, :, None, None], b.double()) + r.double()
+    for threads in (2, 3):
+        assert_close(_conv1x1(x, pw, b, r, True, threads), ref.relu().float(), rtol=1e-5,
+                     atol=1e-5)
+
+
+@needs_conv1x1
 def test_conv1x1_p16_relu_keeps_nan_and_bad_sizes_fail():
     from ortcpu_torch._native import ffi
 

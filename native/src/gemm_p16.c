@@ -347,18 +347,20 @@ cg_tile(int R, int unit_stride, const float *restrict xb, const int64_t *restric
     if (pb) c1_store(c1, R, w1, res ? res + P16 * p : NULL, relu, y + P16 * p, p);
 }
 
-/* work units [u0, u1): one sample and one panel pair each, the larger of the two kept
- * cached while the smaller streams past it (as cg_units): pair major (u = pair * nb +
- * sample) when a panel pair (2 * 16 * k floats) outweighs a sample (k * p), else sample
- * major */
+/* work units [u0, u1): one sample, one panel pair and one chunk of pc positions each
+ * (chunks of a pair consecutive), the larger of sample and pair kept cached while the
+ * smaller streams past it (as cg_units): pair major (u / chunks = pair * nb + sample)
+ * when a panel pair (2 * 16 * k floats) outweighs a sample (k * p), else sample major */
 __attribute__((target("arch=x86-64-v4"))) static void
-c1_units(int64_t u0, int64_t u1, int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
-         const float *packed, const float *bias, const float *res, int relu, float *y,
-         int64_t ystride)
+c1_units(int64_t u0, int64_t u1, int64_t nb, int64_t n, int64_t k, int64_t p, int64_t pc,
+         const float *x, const float *packed, const float *bias, const float *res, int relu,
+         float *y, int64_t ystride)
 {
     int64_t panels = (n + P16 - 1) / P16, pairs = (panels + 1) / 2;
+    int64_t chunks = (p + pc - 1) / pc;
     int pair_major = p < 2 * P16;
-    for (int64_t u = u0; u < u1; u++) {
+    for (int64_t uc = u0; uc < u1; uc++) {
+        int64_t u = uc / chunks, i0 = uc % chunks * pc, i1 = i0 + pc < p ? i0 + pc : p;
         int64_t s = pair_major ? u % nb : u / pairs;
         int64_t q = 2 * (pair_major ? u / nb : u % pairs), j0 = q * P16;
         const float *pa = packed + q * P16 * k, *pb = q + 1 < panels ? pa + P16 * k : NULL;
@@ -367,13 +369,13 @@ c1_units(int64_t u0, int64_t u1, int64_t nb, int64_t n, int64_t k, int64_t p, co
         const float *xs = x + s * k * p, *rs = res ? res + (s * n + j0) * p : NULL;
         const float *bj = bias ? bias + j0 : NULL;
         float *ys = y + s * ystride + j0 * p;
-        for (int64_t i = 0; i < p; i += P16_R512) {
+        for (int64_t i = i0; i < i1; i += P16_R512) {
             const float *ri = rs ? rs + i : NULL;
 #define C1_CASE(r)                                                                          \
     case r:                                                                                 \
         cg_tile(r, 1, xs + i, NULL, p, 1, pa, pb, k, bj, ri, relu, ys + i, p, w0, w1);      \
         break;
-            switch (p - i < P16_R512 ? p - i : P16_R512) {
+            switch (i1 - i < P16_R512 ? i1 - i : P16_R512) {
                 C1_CASE(8) C1_CASE(7) C1_CASE(6) C1_CASE(5) C1_CASE(4) C1_CASE(3) C1_CASE(2)
                 default: C1_CASE(1)
             }
@@ -521,18 +523,27 @@ int ortcpu_conv1x1_p16(int64_t nb, int64_t n, int64_t k, int64_t p, const float 
     if (nb == 0 || n == 0 || p == 0) return ORTCPU_OK;
     int64_t pairs = ((n + P16 - 1) / P16 + 1) / 2, units = nb * pairs;
     int t = nthreads < 1 ? 1 : nthreads;
-    if (2.0 * (double)nb * (double)n * (double)k * (double)p < 1e6 || units < 2 * t ||
-        omp_in_parallel())
+    if (2.0 * (double)nb * (double)n * (double)k * (double)p < 1e6 || omp_in_parallel())
         t = 1;
+    /* too few (sample, pair) units to share evenly (64 output channels at batch 1 are 2):
+     * split the positions into chunks of whole tiles as well */
+    int64_t pc = p;
+    if (t > 1 && units < 4 * t) {
+        int64_t want = (4 * t + units - 1) / units, tiles = (p + P16_R512 - 1) / P16_R512;
+        if (want > tiles) want = tiles;
+        pc = (tiles + want - 1) / want * P16_R512;
+    }
+    units *= (p + pc - 1) / pc;
+    if (units < 2) t = 1;
     if (t == 1) {
-        c1_units(0, units, nb, n, k, p, x, packed, bias, res, relu, y, ystride);
+        c1_units(0, units, nb, n, k, p, pc, x, packed, bias, res, relu, y, ystride);
         return ORTCPU_OK;
     }
 #pragma omp parallel num_threads(t)
     {
         int id = omp_get_thread_num(), nt = omp_get_num_threads();
         int64_t per = (units + nt - 1) / nt, s = id * per, e = s + per < units ? s + per : units;
-        if (s < e) c1_units(s, e, nb, n, k, p, x, packed, bias, res, relu, y, ystride);
+        if (s < e) c1_units(s, e, nb, n, k, p, pc, x, packed, bias, res, relu, y, ystride);
     }
     return ORTCPU_OK;
 }
