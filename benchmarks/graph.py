@@ -11,7 +11,8 @@ benchmarks/_omp_passive.py).
   (d 256, seq 128) and an MLP 784-1024-1024-10.
 
 Each case alternates the two sides, ``--reps`` rounds, and reports medians; a sample is one
-run, or for runs under 5 ms as many back-to-back runs as make 5 ms (``calls_per_sample``).
+run, or for runs under 5 ms as many back-to-back runs as make 5 ms (``calls_per_sample``),
+after one untimed run of the same side (steady state for both, see ``alternate``).
 The machine is shared: the foreign CPU load during the run is printed with the results.
 
     python -m benchmarks.graph [--quick] [--reps N] [--threads N] [--cpu-time] [--passive]
@@ -75,22 +76,29 @@ CLOCK = time.perf_counter
 
 
 def alternate(ours, theirs, reps: int, inner: int = 1) -> tuple[float, float]:
-    """Median seconds per call of each, alternating sides every round."""
+    """Median seconds per call of each, alternating sides every round; each side's turn
+    starts with one untimed call. Without it the comparison favoured ours: after our run
+    OpenMP's pool thread spins on (its default wait policy) while ORT's first run wants
+    both cores, and squeezenet b1 measured ours 2.9-3.1 ms vs ORT's 2.5-3.9 call for call,
+    but 2.4-2.7 vs 2.2-2.4 ms in runs of 8 back to back."""
     a, b = [], []
     for _ in range(2):
         ours()
         theirs()
     clock = CLOCK
     for _ in range(reps):
+        ours()
         t0 = clock()
         for _ in range(inner):
             ours()
         t1 = clock()
+        theirs()
+        t2 = clock()
         for _ in range(inner):
             theirs()
-        t2 = clock()
+        t3 = clock()
         a.append((t1 - t0) / inner)
-        b.append((t2 - t1) / inner)
+        b.append((t3 - t2) / inner)
     return statistics.median(a), statistics.median(b)
 
 
