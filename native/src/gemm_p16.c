@@ -353,7 +353,7 @@ cg_tile(int R, int unit_stride, const float *restrict xb, const int64_t *restric
  * when a panel pair (2 * 16 * k floats) outweighs a sample (k * p), else sample major */
 __attribute__((target("arch=x86-64-v4"))) static void
 c1_units(int64_t u0, int64_t u1, int64_t nb, int64_t n, int64_t k, int64_t p, int64_t pc,
-         const float *x, const float *packed, const float *bias, const float *res, int relu,
+         const float *x, int64_t xrow, const float *packed, const float *bias, const float *res, int relu,
          float *y, int64_t ystride)
 {
     int64_t panels = (n + P16 - 1) / P16, pairs = (panels + 1) / 2;
@@ -366,14 +366,14 @@ c1_units(int64_t u0, int64_t u1, int64_t nb, int64_t n, int64_t k, int64_t p, in
         const float *pa = packed + q * P16 * k, *pb = q + 1 < panels ? pa + P16 * k : NULL;
         int64_t w0 = n - j0 < P16 ? n - j0 : P16;
         int64_t w1 = pb ? (n - j0 - P16 < P16 ? n - j0 - P16 : P16) : 0;
-        const float *xs = x + s * k * p, *rs = res ? res + (s * n + j0) * p : NULL;
+        const float *xs = x + s * k * xrow, *rs = res ? res + (s * n + j0) * p : NULL;
         const float *bj = bias ? bias + j0 : NULL;
         float *ys = y + s * ystride + j0 * p;
         for (int64_t i = i0; i < i1; i += P16_R512) {
             const float *ri = rs ? rs + i : NULL;
 #define C1_CASE(r)                                                                          \
     case r:                                                                                 \
-        cg_tile(r, 1, xs + i, NULL, p, 1, pa, pb, k, bj, ri, relu, ys + i, p, w0, w1);      \
+        cg_tile(r, 1, xs + i, NULL, xrow, 1, pa, pb, k, bj, ri, relu, ys + i, p, w0, w1);   \
         break;
             switch (i1 - i < P16_R512 ? i1 - i : P16_R512) {
                 C1_CASE(8) C1_CASE(7) C1_CASE(6) C1_CASE(5) C1_CASE(4) C1_CASE(3) C1_CASE(2)
@@ -508,6 +508,9 @@ int ortcpu_conv_p16(const float *x, const float *packed, const float *bias, cons
 
 int ortcpu_conv_p16_available(void) { return 1; }
 
+/* reduction length from which conv1x1_p16 aligns X's rows (see there) */
+#define C1_ALIGN_MIN_K 128
+
 int ortcpu_conv1x1_p16(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
                        const float *packed, const float *bias, const float *res, int relu,
                        float *y, int64_t ystride, int nthreads)
@@ -535,16 +538,32 @@ int ortcpu_conv1x1_p16(int64_t nb, int64_t n, int64_t k, int64_t p, const float 
     }
     units *= (p + pc - 1) / pc;
     if (units < 2) t = 1;
-    if (t == 1) {
-        c1_units(0, units, nb, n, k, p, pc, x, packed, bias, res, relu, y, ystride);
-        return ORTCPU_OK;
+    /* X's channel rows copied 64-byte aligned first when p is not a multiple of 8 and the
+     * reduction is long: a tile's 8 positions then never straddle two cache lines
+     * (squeezenet's 13x13 512 -> 1000 on one Zen 5 core: 196 -> 229 GFLOPS) */
+    int64_t xrow = p;
+    float *xa = NULL;
+    if (p % 8 && k >= C1_ALIGN_MIN_K) {
+        xrow = (p + 15) / 16 * 16;
+        xa = ort_scratch((size_t)(nb * k * xrow) * sizeof(float));
+        if (!xa) return ort_fail(ORTCPU_E_OUT_OF_MEMORY, "conv1x1_p16: scratch");
     }
-#pragma omp parallel num_threads(t)
+#pragma omp parallel num_threads(t) if (t > 1)
     {
         int id = omp_get_thread_num(), nt = omp_get_num_threads();
+        if (xa) {
+            int64_t rows = nb * k, rper = (rows + nt - 1) / nt, r0 = id * rper;
+            int64_t r1 = r0 + rper < rows ? r0 + rper : rows;
+            for (int64_t r = r0; r < r1; r++)
+                memcpy(xa + r * xrow, x + r * p, (size_t)p * sizeof(float));
+#pragma omp barrier
+        }
         int64_t per = (units + nt - 1) / nt, s = id * per, e = s + per < units ? s + per : units;
-        if (s < e) c1_units(s, e, nb, n, k, p, pc, x, packed, bias, res, relu, y, ystride);
+        if (s < e)
+            c1_units(s, e, nb, n, k, p, pc, xa ? xa : x, xrow, packed, bias, res, relu, y,
+                     ystride);
     }
+    ort_scratch_free(xa);
     return ORTCPU_OK;
 }
 
