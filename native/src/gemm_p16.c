@@ -508,8 +508,10 @@ int ortcpu_conv_p16(const float *x, const float *packed, const float *bias, cons
 
 int ortcpu_conv_p16_available(void) { return 1; }
 
-/* reduction length from which conv1x1_p16 aligns X's rows (see there) */
+/* reduction length and output channels from which conv1x1_p16 aligns X's rows (see
+ * there) */
 #define C1_ALIGN_MIN_K 128
+#define C1_ALIGN_MIN_N 512
 
 int ortcpu_conv1x1_p16(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
                        const float *packed, const float *bias, const float *res, int relu,
@@ -538,12 +540,14 @@ int ortcpu_conv1x1_p16(int64_t nb, int64_t n, int64_t k, int64_t p, const float 
     }
     units *= (p + pc - 1) / pc;
     if (units < 2) t = 1;
-    /* X's channel rows copied 64-byte aligned first when p is not a multiple of 8 and the
-     * reduction is long: a tile's 8 positions then never straddle two cache lines
-     * (squeezenet's 13x13 512 -> 1000 on one Zen 5 core: 196 -> 229 GFLOPS) */
+    /* X's channel rows copied 64-byte aligned first when p is not a multiple of 8, the
+     * reduction is long and X is read by many panel pairs: a tile's 8 positions then never
+     * straddle two cache lines (squeezenet's 13x13 512 -> 1000 on one Zen 5 core: 196 ->
+     * 215 GFLOPS); with few output channels the copy costs more than it saves (its 55x55
+     * 128 -> 16 at batch 8: 0.34 -> 0.88 ms) */
     int64_t xrow = p;
     float *xa = NULL;
-    if (p % 8 && k >= C1_ALIGN_MIN_K) {
+    if (p % 8 && k >= C1_ALIGN_MIN_K && n >= C1_ALIGN_MIN_N) {
         xrow = (p + 15) / 16 * 16;
         xa = ort_scratch((size_t)(nb * k * xrow) * sizeof(float));
         if (!xa) return ort_fail(ORTCPU_E_OUT_OF_MEMORY, "conv1x1_p16: scratch");
