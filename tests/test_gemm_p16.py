@@ -195,6 +195,23 @@ def test_conv1x1_p16_aligned_copy_of_long_reductions(threads, hw):
 
 
 @needs_conv1x1
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("k,n,hw", [(300, 40, (13, 13)), (513, 520, (1, 200)),
+                                    (1100, 17, (16, 8))])
+def test_conv1x1_p16_reduction_in_slices(threads, k, n, hw):
+    """Long reductions over two or more position blocks run in slices, the partial sums
+    carried between them (a remainder slice merged, blocks of fewer tiles at the end)."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, k, *hw, generator=g)
+    wt = torch.randn(n, k, generator=g)
+    b, r = torch.randn(n, generator=g), torch.randn(2, n, *hw, generator=g)
+    pw = PackedWeight.pack(wt, True)
+    ref = F.conv2d(x.double(), wt.double()[:, :, None, None], b.double()) + r.double()
+    assert_close(_conv1x1(x, pw, b, r, True, threads), ref.relu().float(), rtol=1e-5,
+                 atol=1e-5 * k ** 0.5 * 10)
+
+
+@needs_conv1x1
 def test_conv1x1_p16_relu_keeps_nan_and_bad_sizes_fail():
     from ortcpu_torch._native import ffi
 
