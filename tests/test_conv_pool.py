@@ -262,21 +262,22 @@ def test_max_pool_without_indices_vs_torch(case, dtype):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("ceil", [False, True])
-def test_max_pool_without_indices_beyond_the_cache(ceil, threads):
-    """An input over 16 MB takes the separable path with its next window rows prefetched
-    (resnet's 3x3/s2 stem pool at batch 6, squeezenet's ceil_mode one): exact, NaN kept."""
-    x = torch.randn(6, 64, 113, 113)
+@pytest.mark.parametrize("stride,ceil", [(2, False), (2, True), (1, False)])
+def test_max_pool_without_indices_beyond_the_cache(stride, ceil, threads):
+    """An input over 2 MB (beyond L2) takes the separable path with the input fetched ahead
+    across plane ends (resnet's 3x3/s2 stem pool, squeezenet's ceil_mode one, inception's
+    3x3/s1): exact, NaN kept."""
+    x = torch.randn(2, 64, 97, 97)
     x.view(-1)[::100_003] = float("nan")
-    assert x.numel() * 4 > 16 * 1024 * 1024
+    assert x.numel() * 4 > 2 * 1024 * 1024
     pads = [0] * 4 if ceil else [1] * 4
     torch.set_num_threads(threads)
     try:
-        y, _ = K.MaxPool(x, kernel_shape=[3, 3], strides=[2, 2], pads=pads, ceil_mode=int(ceil),
-                         needs=(True, False))
+        y, _ = K.MaxPool(x, kernel_shape=[3, 3], strides=[stride, stride], pads=pads,
+                         ceil_mode=int(ceil), needs=(True, False))
     finally:
         torch.set_num_threads(1)
-    ref = F.max_pool2d(x, 3, 2, 0 if ceil else 1, ceil_mode=ceil)
+    ref = F.max_pool2d(x, 3, stride, 0 if ceil else 1, ceil_mode=ceil)
     torch.testing.assert_close(y, ref, equal_nan=True, rtol=0, atol=0)
 
 
