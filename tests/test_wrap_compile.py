@@ -381,12 +381,48 @@ def test_default_compile_kernels_auto_routes_conv_batchnorm_pool_and_fast_gemms(
     _train_side_by_side("cnn", CNN(), 2, rec)
     ours = {t.split(".")[1] for t in rec.forward if t.startswith("ortcpu.")}
     fams = compiled.auto_families()
-    extra = ({"linear"} if "linear" in fams else set()) | \
-        ({"cross_entropy"} if "cross_entropy" in fams else set())
+    extra = {"linear"} if "linear" in fams else set()  # its 6x10 cross entropy: Inductor's
     assert ours == {"conv", "batch_norm", "batch_norm_update_stats", "max_pool",
                     "global_avg_pool"} | extra, ours
     assert compiled.auto_families()[:3] == compiled.AUTO
     assert report(wrap(CNN()), file=None).compiled["routed"][:1] == ["F.conv1d"]
+
+
+class _Logits(torch.nn.Module):
+    def __init__(self, d, classes):
+        super().__init__()
+        self.fc = torch.nn.Linear(d, classes)
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.fc(x), y)
+
+
+@pytest.mark.parametrize("compile_kernels", ["auto", "ours"])
+def test_compiled_cross_entropy_is_ours_from_its_size_under_auto(compile_kernels):
+    """compile_kernels="auto" (on the AVX-512 build, where cross entropy is in it) routes
+    F.cross_entropy to ortcpu:: from CE_MIN_CLASSES classes and CE_MIN_LOGITS logits, and
+    leaves smaller ones to Inductor; "ours" routes both. Losses as torch's either way."""
+    from ortcpu_torch.wrap import compiled
+
+    if compile_kernels == "auto" and "cross_entropy" not in compiled.auto_families():
+        pytest.skip("cross entropy is in compile_kernels='auto' on the AVX-512 build only")
+    routed = {}
+    for n, c in ((8, 10), (compiled.CE_MIN_LOGITS // compiled.CE_MIN_CLASSES,
+                          compiled.CE_MIN_CLASSES)):
+        torch.manual_seed(0)
+        model, rec = _Logits(16, c), GraphRecorder()
+        ref = copy.deepcopy(model)
+        wrap(model, fallback="silent", select="ours", compile_kernels=compile_kernels)
+        x, y = torch.randn(n, 16), torch.randint(0, c, (n,))
+        loss = torch.compile(model, backend=rec)(x, y)
+        loss.backward()
+        want = ref(x, y)
+        want.backward()
+        torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(model.fc.weight.grad, ref.fc.weight.grad, rtol=1e-4,
+                                   atol=1e-6)
+        routed[c] = "ortcpu.cross_entropy" in {t.rsplit(".", 1)[0] for t in rec.forward}
+    assert routed == {10: compile_kernels == "ours", compiled.CE_MIN_CLASSES: True}, routed
 
 
 @pytest.mark.parametrize("kind", ["mlp", "cnn"])

@@ -94,7 +94,8 @@ def wrap(model: torch.nn.Module, *, fallback: str = "warn", include=None, exclud
     ours for the families that measured faster inside a compiled graph
     (``compiled.auto_families``: convolution, BatchNorm, pooling; GEMMs and
     scaled_dot_product_attention where ours measure clearly faster than torch's; GELU,
-    LayerNorm and cross entropy on our AVX-512 build), torch's for the rest; ``"ours"``:
+    LayerNorm and cross entropy on our AVX-512 build, cross entropy from 512 classes and
+    128K logits), torch's for the rest; ``"ours"``:
     every family ours; ``"torch"``: the wrapper steps aside and the compiled graph is
     torch's; or a list of families from
     ``ortcpu_torch.wrap.compiled.FAMILIES`` (``["linear", "layer_norm"]``).

@@ -193,6 +193,26 @@ def _cross_entropy(input, target, weight=None, size_average=None, ignore_index=-
                               float(label_smoothing), fused)[0]
 
 
+#: under ``compile_kernels="auto"`` cross entropy is ours inside the graph only from this
+#: many classes and logits: below, the op's fixed cost (~35-45 us per forward+backward
+#: over Inductor's fused log_softmax + nll at 16x10 to 64x256) is more than our kernel
+#: saves. Zen 5, 1 thread, compiled fwd+bwd, Inductor's time / ours: 16x10 0.61, 64x256
+#: 0.74, 128x512 0.88, 8192x10 0.87, 1024x64 0.78; 256x512 1.05, 64x2048 1.14, 512x512
+#: 1.37, 512x4096 1.28 (a GPT LM head)
+CE_MIN_CLASSES = 512
+CE_MIN_LOGITS = 1 << 17
+
+
+def _cross_entropy_sized(input, target, *args, **kwargs):
+    if isinstance(input, torch.Tensor) and input.dim() >= 2:
+        c, n = input.shape[1], input.numel()
+        # symbolic sizes (dynamic shapes) keep ours: comparing them would add guards
+        if isinstance(c, int) and isinstance(n, int) and \
+                (c < CE_MIN_CLASSES or n < CE_MIN_LOGITS):
+            return NotImplemented
+    return _cross_entropy(input, target, *args, **kwargs)
+
+
 def _conv(r: int, pick: bool = False):
     def adapter(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         if isinstance(padding, str) or not _floats(input, weight, bias) or \
@@ -323,6 +343,8 @@ FAMILIES: dict[str, list] = {
 #: torch's side is Inductor's fused code, which no op-level measurement sees.
 _PICKING = {F.linear: _linear_adapter(True), F.conv1d: _conv(1, True),
             F.conv2d: _conv(2, True), F.conv3d: _conv(3, True)}
+#: under ``compile_kernels="auto"``: adapters that leave small calls to Inductor
+_SIZED = {F.cross_entropy: _cross_entropy_sized}
 
 #: ``compile_kernels="ours"``: every family
 ALL = tuple(FAMILIES)
@@ -425,13 +447,17 @@ def tables(state) -> tuple[dict, dict]:
     """(routed by name, routed inside an included module): torch function -> adapter,
     for the families ``state.compile_kernels`` names, ``include``/``exclude`` applied by
     functional name as in eager routing; GEMMs and convolutions picking their side at run
-    time under ``select="fastest"`` (``_PICKING``), always ours under ``select="ours"``."""
+    time under ``select="fastest"`` (``_PICKING``), always ours under ``select="ours"``;
+    under ``compile_kernels="auto"`` small cross entropies Inductor's (``_SIZED``)."""
     everything, by_name = {}, {}
     pick = state.select == "fastest"
+    sized = getattr(state, "compile_auto", False)
     for fam in state.compile_kernels:
         for func, name, adapter in FAMILIES[fam]:
             if pick:
                 adapter = _PICKING.get(func, adapter)
+            if sized:
+                adapter = _SIZED.get(func, adapter)
             everything[func] = adapter
             op = name.split(".", 1)[1]
             if state.selected(name, op):

@@ -255,6 +255,7 @@ class State:
         # one CompiledKernelMode the root's hooks enter and leave, built now (nothing may
         # be computed, or read and then changed, while tracing); None for "torch"
         self.compile_kernels = check_compile_kernels(compile_kernels)
+        self.compile_auto = isinstance(compile_kernels, str) and compile_kernels == "auto"
         self._build_compile_mode()
 
     def _build_compile_mode(self) -> None:
