@@ -212,6 +212,31 @@ def test_conv1x1_p16_reduction_in_slices(threads, k, n, hw):
 
 
 @needs_conv1x1
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("k,n,hw,strides", [(24, 40, (13, 11), (2, 2)),
+                                            (160, 520, (9, 14), (2, 2)),
+                                            (16, 17, (7, 9), (1, 2)), (32, 64, (10, 5), (3, 1))])
+def test_conv1x1s_p16_strided_matches_float64(threads, k, n, hw, strides):
+    """A strided 1x1 reads X subsampled natively (odd maps, a remainder row and column,
+    the aligned copy from k >= 128 and n >= 512), with bias, residual and ReLU."""
+    from ortcpu_torch._native import ffi, ptr
+
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(2, k, *hw, generator=g)
+    wt = torch.randn(n, k, generator=g)
+    ref = F.conv2d(x.double(), wt.double()[:, :, None, None], stride=strides)
+    b, r = torch.randn(n, generator=g), torch.randn(ref.shape, generator=g)
+    ref = (ref + b.double()[:, None, None] + r.double()).relu()
+    pw = PackedWeight.pack(wt, True)
+    y = torch.empty(ref.shape)
+    assert lib.ortcpu_conv1x1s_p16(2, n, k, *hw, *strides, ptr(x), ptr(pw.data), ptr(b),
+                                   ptr(r.float()), 1, ptr(y), 0, threads) == 0
+    assert_close(y, ref.float(), rtol=1e-5, atol=1e-5 * k ** 0.5 * 10)
+    assert lib.ortcpu_conv1x1s_p16(2, n, k, 0, 4, 2, 2, ptr(x), ptr(pw.data), ffi.NULL,
+                                   ffi.NULL, 0, ptr(y), 0, threads) != 0
+
+
+@needs_conv1x1
 def test_conv1x1_p16_relu_keeps_nan_and_bad_sizes_fail():
     from ortcpu_torch._native import ffi
 

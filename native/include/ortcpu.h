@@ -672,7 +672,8 @@ int ortcpu_gemm_p16(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda
  * OH, OW, stride h/w, pad top/left, dilation h/w); W [M][C*KH*KW] packed by
  * gemm_p16_pack(1, M, C*KH*KW, W, C*KH*KW, ...).
  * conv1x1_p16: the 1x1 stride-1 unpadded case over the flattened positions, X [nb][k][p]
- * (k input channels, p = H*W) -> Y [nb][n][p], W [n][k] packed likewise.
+ * (k input channels, p = H*W) -> Y [nb][n][p], W [n][k] packed likewise; conv1x1s_p16
+ * the strided one, X [nb][k][H][W] read at strides (sh, sw) -> Y [nb][n][OH*OW].
  * ystride: elements from one sample of Y to the next (0: M*OH*OW, Y contiguous; larger:
  * Y is a channel slice of a wider tensor, a Concat's buffer); res is always contiguous.
  * Both only in x86-64-v4 builds (conv_p16_available(); elsewhere they fail cleanly). */
@@ -682,6 +683,9 @@ int ortcpu_conv_p16(const float *x, const float *packed, const float *bias, cons
 int ortcpu_conv1x1_p16(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
                        const float *packed, const float *bias, const float *res, int relu,
                        float *y, int64_t ystride, int nthreads);
+int ortcpu_conv1x1s_p16(int64_t nb, int64_t n, int64_t k, int64_t h, int64_t w, int64_t sh,
+                        int64_t sw, const float *x, const float *packed, const float *bias,
+                        const float *res, int relu, float *y, int64_t ystride, int nthreads);
 /* lrn (lrn.c): ONNX LRN across channels on float32 NCHW x [n][c][p] (p = the spatial
  * size) into y (not x): y = x / (bias + alpha / size * sum of x^2 over the channel window
  * [c - floor((size-1)/2), c + ceil((size-1)/2)] clipped to [0, c))^beta. */

@@ -113,8 +113,8 @@ class GemmConv:
     """A ``gemm_candidate`` Conv on gemm_p16's AVX-512 tile, the weight packed once as
     W^T [C*KH*KW, M]: Y^T = im2col(X)^T W^T per sample without an im2col matrix (native
     ``conv_p16``: tiles of 8 positions of one output row), or for an unpadded 1x1 Conv
-    Y^T = X^T W^T over the flattened positions (``conv1x1_p16``; a strided one reads X
-    subsampled first, a copy of a quarter of X or less); with ``PackedConv.run``'s
+    Y^T = X^T W^T over the flattened positions (``conv1x1s_p16``; a strided one reads X
+    subsampled into a scratch copy, a quarter of X or less); with ``PackedConv.run``'s
     signature."""
 
     def __init__(self, w: torch.Tensor, geom: list, out_shape: tuple):
@@ -125,8 +125,7 @@ class GemmConv:
         self.nb, self.k, self.n, self.p = n, c, m, oh * ow
         self.pointwise = geom[6] == geom[7] == 1 and geom[12] == geom[13] == 0 and \
             (oh, ow) == ((h - 1) // sh + 1, (wd - 1) // sw + 1)
-        self.strides = (sh, sw) if (sh, sw) != (1, 1) else None
-        self.sub_shape = (n, c, oh, ow)
+        self.map = (h, wd, sh, sw)
         self.geom = ffi.new("int64_t[]", list(geom)[:16])
         self.weight = PackedWeight.pack(w.reshape(m, -1), trans_b=True)
 
@@ -135,13 +134,10 @@ class GemmConv:
         ``out.stride(0)`` apart; ``sample_strided``)."""
         y = empty(self.out_shape, self.dtype) if out is None else out
         ystride = y.stride(0) if self.nb > 1 else 0
-        if self.pointwise:
-            if self.strides:
-                x = empty(self.sub_shape, self.dtype).copy_(
-                    x[:, :, ::self.strides[0], ::self.strides[1]])
-            st = lib.ortcpu_conv1x1_p16(self.nb, self.n, self.k, self.p, ptr(x),
-                                        ptr(self.weight.data), ptr(b), ptr(res), int(relu),
-                                        ptr(y), ystride, get_num_threads())
+        if self.pointwise:  # a strided one reads X subsampled, natively
+            st = lib.ortcpu_conv1x1s_p16(self.nb, self.n, self.k, *self.map, ptr(x),
+                                         ptr(self.weight.data), ptr(b), ptr(res), int(relu),
+                                         ptr(y), ystride, get_num_threads())
         else:
             st = lib.ortcpu_conv_p16(ptr(x), ptr(self.weight.data), ptr(b), ptr(res),
                                      int(relu), ptr(y), ystride, self.geom, get_num_threads())
