@@ -197,10 +197,10 @@ def test_conv1x1_p16_aligned_copy_of_long_reductions(threads, hw):
 @needs_conv1x1
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("k,n,hw", [(300, 40, (13, 13)), (513, 520, (1, 200)),
-                                    (1100, 17, (16, 8))])
+                                    (1100, 17, (16, 8)), (513, 40, (7, 7))])
 def test_conv1x1_p16_reduction_in_slices(threads, k, n, hw):
-    """Long reductions over two or more position blocks run in slices, the partial sums
-    carried between them (a remainder slice merged, blocks of fewer tiles at the end)."""
+    """Long reductions run in slices, the partial sums carried between them (a remainder
+    slice merged, blocks of fewer tiles at the end, a 7x7 map in one block)."""
     g = torch.Generator().manual_seed(7)
     x = torch.randn(2, k, *hw, generator=g)
     wt = torch.randn(n, k, generator=g)

@@ -412,9 +412,11 @@ c1_units(int64_t u0, int64_t u1, int64_t nb, int64_t n, int64_t k, int64_t p, in
     int64_t panels = (n + P16 - 1) / P16, pairs = (panels + 1) / 2;
     int64_t chunks = (p + pc - 1) / pc;
     int pair_major = p < 2 * P16;
-    /* slices only where a sample fills two blocks: at 7x7 (one block of 6 full tiles and a
-     * single position) they measured 4-5% slower, at 56x56 and 13x13 5-6% faster */
-    int sliced = p >= 2 * P16_TB * P16_R512;
+    /* slices where a sample fills two blocks (56x56 and 13x13: 5-6% faster), or the
+     * reduction is longer than two slices: at 7x7 (one block of 6 full tiles and a single
+     * position) they measured 4-5% slower on warm weights but 3-5% faster in the graph,
+     * where the weights come from memory (resnet50's 2048->512 1x1s, b1 and b8) */
+    int sliced = p >= 2 * P16_TB * P16_R512 || k > 2 * P16_KC;
     float accs[P16_TB * P16_ACC] __attribute__((aligned(64)));
     for (int64_t uc = u0; uc < u1; uc++) {
         int64_t u = uc / chunks, i0 = uc % chunks * pc, i1 = i0 + pc < p ? i0 + pc : p;
