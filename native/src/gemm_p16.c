@@ -400,14 +400,25 @@ p16_fetch_part(const float *base, int64_t bytes, int64_t part, int64_t parts)
     for (int64_t l = l0; l < l1; l++) _mm_prefetch(b + l * 64, _MM_HINT_T1);
 }
 
+/* p16_fetch_part of the panel pair after pair q (panels q + 2, q + 3 of k rows), if any */
+__attribute__((target("arch=x86-64-v4"), always_inline)) static inline void
+p16_fetch_next_pair(const float *packed, int64_t q, int64_t panels, int64_t k,
+                    int64_t part, int64_t parts)
+{
+    int64_t left = panels - q - 2;
+    if (left > 0)
+        p16_fetch_part(packed + (q + 2) * P16 * k,
+                       (left < 2 ? left : 2) * P16 * k * (int64_t)sizeof(float), part, parts);
+}
+
 /* work units [u0, u1): one sample, one panel pair and one chunk of pc positions each
  * (chunks of a pair consecutive), the larger of sample and pair kept cached while the
  * smaller streams past it (as cg_units): pair major (u / chunks = pair * nb + sample)
  * when a panel pair (2 * 16 * k floats) outweighs a sample (k * p), else sample major */
 __attribute__((target("arch=x86-64-v4"))) static void
 c1_units(int64_t u0, int64_t u1, int64_t nb, int64_t n, int64_t k, int64_t p, int64_t pc,
-         const float *x, int64_t xrow, const float *packed, const float *bias, const float *res, int relu,
-         float *y, int64_t ystride)
+         const float *x, int64_t xrow, const float *packed, const float *bias,
+         const float *res, int relu, float *y, int64_t ystride)
 {
     int64_t panels = (n + P16 - 1) / P16, pairs = (panels + 1) / 2;
     int64_t chunks = (p + pc - 1) / pc;
@@ -428,10 +439,6 @@ c1_units(int64_t u0, int64_t u1, int64_t nb, int64_t n, int64_t k, int64_t p, in
         const float *xs = x + s * k * xrow, *rs = res ? res + (s * n + j0) * p : NULL;
         const float *bj = bias ? bias + j0 : NULL;
         float *ys = y + s * ystride + j0 * p;
-        /* sample major: the thread's next unit is usually the next pair */
-        const float *nx = !pair_major && q + 2 < panels
-                              ? packed + (q + 2) * P16 * k : NULL;
-        int64_t nxbytes = (panels - q - 2 < 2 ? panels - q - 2 : 2) * P16 * k * 4;
         int64_t ntiles = (i1 - i0 + P16_R512 - 1) / P16_R512;
         for (int64_t ib = i0; ib < i1; ib += P16_TB * P16_R512) {
             int64_t ie = ib + P16_TB * P16_R512 < i1 ? ib + P16_TB * P16_R512 : i1;
@@ -440,8 +447,9 @@ c1_units(int64_t u0, int64_t u1, int64_t nb, int64_t n, int64_t k, int64_t p, in
                 for (int64_t i = ib; i < ie; i += P16_R512) {
                     const float *ri = rs ? rs + i : NULL;
                     float *acc = accs + (i - ib) / P16_R512 * P16_ACC;
-                    if (nx && k0 == 0)
-                        p16_fetch_part(nx, nxbytes, (i - i0) / P16_R512, ntiles);
+                    if (!pair_major && k0 == 0) /* the thread's next unit: next pair */
+                        p16_fetch_next_pair(packed, q, panels, k, (i - i0) / P16_R512,
+                                            ntiles);
 #define C1_CASE(r)                                                                          \
     case r:                                                                                 \
         cg_tile(r, 1, xs + i, NULL, xrow, 1, pa, pb, k0, k1, k, acc, bj, ri, relu, ys + i,  \
@@ -491,9 +499,7 @@ cg_units(const cg_ctx *g, int64_t u0, int64_t u1)
         const float *xrow = g->x + smp * g->sample + oy * g->sh * g->row;
         int64_t roff = (smp * n + j0) * p + oy * g->ow;
         int64_t yoff = smp * g->ystride + j0 * p + oy * g->ow;
-        if (!g->pair_major && q + 2 < panels)
-            p16_fetch_part(g->packed + (q + 2) * P16 * k,
-                           (panels - q - 2 < 2 ? panels - q - 2 : 2) * P16 * k * 4, oy, g->oh);
+        if (!g->pair_major) p16_fetch_next_pair(g->packed, q, panels, k, oy, g->oh);
         for (int64_t ox = 0; ox < g->ow; ox += P16_R512) {
             const float *xb = xrow + ox * g->sw;
             const float *ri = g->res ? g->res + roff + ox : NULL;
@@ -603,7 +609,7 @@ c1_subsample(const float *restrict src, const int64_t *sub, float *restrict dst)
     for (int64_t oy = 0; oy < oh; oy++) {
         const float *sr = src + oy * sh * w;
         float *dr = dst + oy * ow;
-        if (sw == 2)
+        if (sw == 2) /* resnet's shortcuts: a constant stride the compiler vectorizes */
             for (int64_t ox = 0; ox < ow; ox++) dr[ox] = sr[2 * ox];
         else
             for (int64_t ox = 0; ox < ow; ox++) dr[ox] = sr[ox * sw];
