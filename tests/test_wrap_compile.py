@@ -111,6 +111,18 @@ CASES = [
     ("max_pool2d_2x2_code", O.max_pool,
      lambda: (_r(2, 3, 6, 7), [2, 2], [2, 2], [0, 0], [1, 1], False),
      lambda x, k, s, p, d, c: F.max_pool2d(x, k, s, p, d, c)),
+    ("max_pool2d_3x3_stride2_code", O.max_pool,
+     lambda: (_r(2, 3, 9, 8), [3, 3], [2, 2], [1, 1], [1, 1], False),
+     lambda x, k, s, p, d, c: F.max_pool2d(x, k, s, p, d, c)),
+    ("max_pool1d_code", O.max_pool,
+     lambda: (_r(2, 3, 11), [3], [2], [1], [1], False),
+     lambda x, k, s, p, d, c: F.max_pool1d(x, k, s, p, d, c)),
+    ("max_pool2d_dilated_indices", O.max_pool,
+     lambda: (_r(2, 3, 9, 9), [3, 3], [1, 1], [1, 1], [2, 2], False),
+     lambda x, k, s, p, d, c: F.max_pool2d(x, k, s, p, d, c)),
+    ("max_pool3d_indices", O.max_pool,
+     lambda: (_r(1, 2, 5, 5, 4), [2, 2, 2], [2, 1, 2], [1, 0, 1], [1, 1, 1], False),
+     lambda x, k, s, p, d, c: F.max_pool3d(x, k, s, p, d, c)),
     ("avg_pool2d", O.avg_pool, lambda: (_r(2, 3, 7, 6), [3, 2], [2, 2], [1, 1], False, True),
      lambda x, k, s, p, c, cip: F.avg_pool2d(x, k, s, p, c, cip)),
     ("global_avg_pool", O.global_avg_pool, lambda: (_r(2, 3, 4, 5),),
@@ -481,6 +493,39 @@ def test_picking_ops_give_torchs_values_on_either_side(side, monkeypatch):
         if dt == D:
             assert torch.autograd.gradcheck(lambda x, w, b: O.linear(x, w, b, True),
                                             (x, w, b))
+
+
+@pytest.mark.parametrize("side", ["ours", "torch"])
+def test_conv_of_a_channels_last_input_keeps_its_fake_layout_under_inductor(side,
+                                                                            monkeypatch):
+    """A permuted (channels-last strided) input, as ConvNeXt-style code passes: ATen's
+    convolution keeps that layout in its outputs, the fake kernel says NCHW, and
+    Inductor asserts the strides, so either side returns NCHW-contiguous tensors."""
+    L = ortcpu_torch.ops.library
+    monkeypatch.setattr(L, "_side", lambda key, ours, torch_: side)
+
+    class NHWCConv(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(4, 6, 3, padding=1)
+
+        def forward(self, x):
+            return self.conv(x.permute(0, 3, 1, 2)).relu().square().sum()
+
+    torch.manual_seed(0)
+    m = NHWCConv()
+    ref = copy.deepcopy(m)
+    cm = torch.compile(wrap(m, fallback="silent"))
+    x = torch.randn(2, 5, 7, 4)
+    for _ in range(2):
+        for mod in (m, ref):
+            mod.zero_grad()
+        loss, loss_ref = cm(x), ref(x)
+        loss.backward()
+        loss_ref.backward()
+        torch.testing.assert_close(loss, loss_ref, rtol=1e-5, atol=1e-5)
+    for p, q in zip(m.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
 
 
 def test_exclude_keeps_an_excluded_module_on_torch_under_compile():

@@ -212,3 +212,24 @@ def test_random_ops_run_ours_under_select_ours():
     rep = report(m, file=None)
     assert [d["calls_ours"] for d in rep.modules] == [1, 1]
     assert not rep.choices
+
+
+def test_a_call_ours_does_not_take_falls_back_instead_of_raising_while_measured():
+    """An argument ours does not implement (``out=``, as Inductor's generated code passes
+    to ``torch.addmm`` inside a compiled frame run under the wrap) is found while the new
+    signature is measured: the call runs torch's, and the reason names the argument, not
+    the tensor's values (a repr per call would make every reason a new one)."""
+
+    class AddmmOut(nn.Module):
+        def forward(self, b, x, w):
+            out = torch.empty(x.shape[0], w.shape[1])
+            torch.addmm(b, x, w, out=out)
+            return out
+
+    b, x, w = torch.randn(5), torch.randn(3, 4), torch.randn(4, 5)
+    m = wrap(AddmmOut(), fallback="silent")
+    for _ in range(2):
+        torch.testing.assert_close(m(b, x, w), torch.addmm(b, x, w))
+    rep = report(m, file=None)
+    assert "out=a tensor" in rep.text, rep.text
+    assert "tensor([" not in rep.text

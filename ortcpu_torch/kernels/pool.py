@@ -354,3 +354,48 @@ def maxpool_code_forward(op, X, geom, out):
 
 def maxpool_code_backward(op, dY, code, x_shape, geom):
     return _code_pool_backward("maxpool_code_backward", op, dY, code, x_shape, geom)
+
+
+def maxpool_saves_code(op, x_shape, attrs: dict) -> bool:
+    """Whether ``maxpool_train_forward`` keeps 1-byte argmax codes (else int64 Indices)
+    for an input of ``x_shape``: 1-D and 2-D pools with dilation 1 and at most 256 taps,
+    which without ceil_mode always have the code kernels' geometry (so symbolic shapes,
+    as a compiled graph's fake tensors have, decide it too); with ceil_mode it depends on
+    the sizes."""
+    r = len(x_shape) - 2
+    k = attrs["kernel_shape"]
+    if not 1 <= r <= 2 or any(d != 1 for d in attrs.get("dilations") or [1] * r) or \
+            math.prod(k) > 256:
+        return False
+    if not attrs.get("ceil_mode"):
+        return True
+    geom, _ = pool_geometry(op, tuple(int(v) for v in x_shape), r, **attrs)
+    return is_2x2(geom) or is_code(geom)
+
+
+def maxpool_train_forward(op, X, **attrs):
+    """(Y, saved) of a max pool whose dX will be asked for: ``saved`` is a 1-byte argmax
+    code per window where ``maxpool_saves_code``, else the int64 Indices;
+    ``maxpool_train_backward`` takes either. The Indices path compares tap by tap with a
+    branch per tap (0.99 ms for a 3x3/2 pool of 16x16x32x32 at 2 threads, against
+    0.05 ms for the code path)."""
+    X = float_input(op, "X", X)
+    r = spatial_rank(op, "X", X)
+    if maxpool_saves_code(op, X.shape, attrs):
+        geom, out = pool_geometry(op, X.shape, r, **attrs)
+        if is_2x2(geom):
+            return maxpool2x2_forward(op, X, geom, out)
+        if not is_code(geom):  # maxpool_saves_code promised it: never run a wrong geometry
+            raise ValueError(f"{op}: internal: no argmax-code geometry for X {fmt_shape(X)} "
+                             f"and {attrs}")
+        return maxpool_code_forward(op, X, geom, out)
+    return maxpool_forward(op, X, True, **attrs)
+
+
+def maxpool_train_backward(op, dY, saved, x_shape, **attrs):
+    """dX of ``maxpool_train_forward`` from its ``saved`` codes or Indices."""
+    if saved.dtype != torch.uint8:
+        return maxpool_backward(op, dY.contiguous(), saved, x_shape)
+    geom, _ = pool_geometry(op, x_shape, len(x_shape) - 2, **attrs)
+    bwd = maxpool2x2_backward if is_2x2(geom) else maxpool_code_backward
+    return bwd(op, dY.contiguous(), saved.contiguous(), tuple(x_shape), geom)

@@ -21,7 +21,7 @@ Op pairs (forward -> backward), all float32/float64 CPU:
                                     updates the running statistics in place
 ``ortcpu::cross_entropy``           ``cross_entropy_backward`` (class-index targets)
 ``ortcpu::conv``                    ``conv_backward`` (1-3 spatial dims, groups)
-``ortcpu::max_pool``                ``max_pool_backward`` (from int64 indices)
+``ortcpu::max_pool``                ``max_pool_backward`` (from argmax codes or indices)
 ``ortcpu::avg_pool``                ``avg_pool_backward``
 ``ortcpu::global_avg_pool``         ``global_avg_pool_backward``
 ``ortcpu::attention``               ``attention_backward`` (scaled_dot_product_attention
@@ -66,7 +66,7 @@ NS = "ortcpu"
 #: torch's compile caches key a graph on its code, which names the op and overload but
 #: not the fake implementation, so a compilation cached before the change would otherwise
 #: be reused after it (and fail its output shape asserts; see ``OPS``)
-OVERLOAD = "v2"
+OVERLOAD = "v3"
 
 _LIB = torch.library.Library(NS, "DEF")
 
@@ -751,9 +751,12 @@ def _conv_ours(x, weight, bias, stride, padding, dilation, groups):
 
 
 def _conv_torch(x, weight, bias, stride, padding, dilation, groups):
+    # contiguous operands, as ours takes them: ATen would keep a channels-last input's
+    # layout in its output, and the fake kernel (which cannot know the pick) says NCHW
     with _no_torch_function():
-        return torch.ops.aten.convolution.default(x, weight, bias, stride, padding, dilation,
-                                                  False, [0] * len(stride), groups)
+        return torch.ops.aten.convolution.default(
+            x.contiguous(), weight.contiguous(), bias, stride, padding, dilation, False,
+            [0] * len(stride), groups)
 
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
@@ -785,9 +788,10 @@ def conv_backward(dy: Tensor, x: Tensor, weight: Tensor, stride: Sequence[int],
 
 def _conv_bwd_torch(dy, x, weight, stride, padding, dilation, groups, mask):
     with _no_torch_function():
-        g = torch.ops.aten.convolution_backward.default(
-            dy, x, weight, [weight.shape[0]] if mask[2] else None, stride, padding,
-            dilation, False, [0] * len(stride), groups, [bool(m) for m in mask])
+        g = torch.ops.aten.convolution_backward.default(  # contiguous: see _conv_torch
+            dy.contiguous(), x.contiguous(), weight.contiguous(),
+            [weight.shape[0]] if mask[2] else None, stride, padding, dilation, False,
+            [0] * len(stride), groups, [bool(m) for m in mask])
     return tuple(_nothing(x) if t is None else t for t in g)
 
 
@@ -838,30 +842,16 @@ def _pool_attrs(kernel_size, stride, padding, ceil_mode, dilation=None) -> dict:
     return a
 
 
-_2X2 = {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [0, 0, 0, 0],
-        "dilations": [1, 1], "ceil_mode": 0}
-
-
-def _is_2x2(x, kernel_size, stride, padding, dilation, ceil_mode) -> bool:
-    """The 2x2 stride-2 unpadded pool of a 4-D input: argmax kept as a 1-byte code."""
-    return (x.dim() == 4 and list(kernel_size) == [2, 2] and list(stride) == [2, 2]
-            and list(padding) == [0, 0] and list(dilation) == [1, 1] and not ceil_mode)
-
-
 @_op("max_pool")
 def max_pool(x: Tensor, kernel_size: Sequence[int], stride: Sequence[int],
              padding: Sequence[int], dilation: Sequence[int],
              ceil_mode: bool) -> tuple[Tensor, Tensor]:
-    """(y, indices) of max pooling over 1-3 spatial dims, batched [N, C, ...] input (ORT
-    MaxPool; indices int64 flat over the whole input, or for the 2x2 stride-2 pool a
-    uint8 argmax code per window, for ``max_pool_backward``)."""
-    x = KP.float_input("max_pool", "X", x)
-    if _is_2x2(x, kernel_size, stride, padding, dilation, ceil_mode):
-        geom, out = KP.pool_geometry("max_pool", x.shape, 2, **_2X2)
-        return KP.maxpool2x2_forward("max_pool", x, geom, out)
-    return KP.maxpool_forward("max_pool", x, True,
-                              **_pool_attrs(kernel_size, stride, padding, ceil_mode,
-                                            dilation))
+    """(y, saved) of max pooling over 1-3 spatial dims, batched [N, C, ...] input (ORT
+    MaxPool), as the eager front end runs it for training (``maxpool_train_forward``):
+    ``saved`` is a uint8 argmax code per window where the geometry allows, else int64
+    indices flat over the whole input, for ``max_pool_backward``."""
+    return KP.maxpool_train_forward("max_pool", x, **_pool_attrs(
+        kernel_size, stride, padding, ceil_mode, dilation))
 
 
 _MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
@@ -872,33 +862,34 @@ _AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
 def _(x, kernel_size, stride, padding, dilation, ceil_mode):
     TRACED[f"max_pool{x.dim() - 2}d"] += 1
     y = _MAX_POOL[x.dim() - 2](x, kernel_size, stride, padding, dilation, ceil_mode)
-    code = _is_2x2(x, kernel_size, stride, padding, dilation, ceil_mode)
+    code = KP.maxpool_saves_code("max_pool", x.shape, _pool_attrs(
+        kernel_size, stride, padding, ceil_mode, dilation))
     return y.new_empty(y.shape), y.new_empty(y.shape, dtype=torch.uint8 if code
                                              else torch.int64)
 
 
 @_op("max_pool_backward")
-def max_pool_backward(dy: Tensor, indices: Tensor, x: Tensor) -> Tensor:
-    """dX of ``max_pool`` (ORT MaxPoolGrad): dY scattered to the indices (or codes)."""
-    if indices.dtype == torch.uint8:
-        geom, _ = KP.pool_geometry("max_pool", x.shape, 2, **_2X2)
-        return KP.maxpool2x2_backward("max_pool", dy.contiguous(), indices.contiguous(),
-                                      tuple(x.shape), geom)
-    return KP.maxpool_backward("max_pool", dy.contiguous(), indices, tuple(x.shape))
+def max_pool_backward(dy: Tensor, saved: Tensor, x: Tensor, kernel_size: Sequence[int],
+                      stride: Sequence[int], padding: Sequence[int],
+                      dilation: Sequence[int], ceil_mode: bool) -> Tensor:
+    """dX of ``max_pool`` (ORT MaxPoolGrad): dY scattered by its codes or indices."""
+    return KP.maxpool_train_backward("max_pool", dy, saved, tuple(x.shape), **_pool_attrs(
+        kernel_size, stride, padding, ceil_mode, dilation))
 
 
 @register_fake(_qualified("max_pool_backward"))
-def _(dy, indices, x):
+def _(dy, saved, x, kernel_size, stride, padding, dilation, ceil_mode):
     return x.new_empty(x.shape)
 
 
 def _max_pool_setup(ctx, inputs, output):
     ctx.save_for_backward(output[1], inputs[0])
+    ctx.attrs = inputs[1:]
 
 
 def _max_pool_bwd(ctx, dy, _didx):
-    idx, x = ctx.saved_tensors
-    return max_pool_backward(dy, idx, x), None, None, None, None, None
+    saved, x = ctx.saved_tensors
+    return max_pool_backward(dy, saved, x, *ctx.attrs), None, None, None, None, None
 
 
 _autograd(max_pool, _max_pool_bwd, setup_context=_max_pool_setup)

@@ -15,36 +15,24 @@ class _MaxPool(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, attrs: dict, want_indices: bool, op: str):
         x = K.float_input(op, "input", x)
-        need_idx = bool(ctx.needs_input_grad[0] or want_indices)
-        ctx.x_shape, ctx.op, ctx.geom = tuple(x.shape), op, None
-        if need_idx and not want_indices and x.dim() in (3, 4):
-            geom, out = K.pool_geometry(op, x.shape, x.dim() - 2, **attrs)
-            ctx.two = K.is_2x2(geom)
-            if ctx.two or K.is_code(geom):
-                # fast paths: 1-byte argmax codes instead of int64 Indices
-                fwd = K.maxpool2x2_forward if ctx.two else K.maxpool_code_forward
-                y, code = fwd(op, x, geom, out)
-                ctx.geom = geom
-                ctx.save_for_backward(code)
-                idx = torch.empty(0, dtype=torch.int64)
-                ctx.mark_non_differentiable(idx)
-                return y, idx
-        y, idx = K.maxpool_forward(op, x, need_idx, **attrs)
+        ctx.x_shape, ctx.op, ctx.attrs = tuple(x.shape), op, attrs
+        if want_indices or not ctx.needs_input_grad[0]:
+            y, idx = K.maxpool_forward(op, x, want_indices, **attrs)
+            saved = idx
+        else:  # argmax codes where the geometry allows, not returned
+            y, saved = K.maxpool_train_forward(op, x, **attrs)
+            idx = None
+        ctx.save_for_backward(saved)
         if idx is None:
             idx = torch.empty(0, dtype=torch.int64)
-        ctx.save_for_backward(idx)
         ctx.mark_non_differentiable(idx)
         return y, idx
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy, _didx):
-        (idx,) = ctx.saved_tensors
-        if ctx.geom is not None:
-            bwd = K.maxpool2x2_backward if ctx.two else K.maxpool_code_backward
-            dx = bwd(ctx.op, dy.contiguous(), idx, ctx.x_shape, ctx.geom)
-        else:
-            dx = K.maxpool_backward(ctx.op, dy.contiguous(), idx, ctx.x_shape)
+        (saved,) = ctx.saved_tensors
+        dx = K.maxpool_train_backward(ctx.op, dy, saved, ctx.x_shape, **ctx.attrs)
         return dx, None, None, None
 
 

@@ -53,7 +53,9 @@ def ours_call(entry: FuncEntry, ours, args, kwargs, checked: bool = False):
             continue
         d = defaults.get(k, NO_DEFAULT)
         if d is NO_DEFAULT or not (v is d or (not isinstance(v, torch.Tensor) and v == d)):
-            raise Unsupported(f"argument {k}={v!r} is not implemented by "
+            # a tensor's repr would make every call's reason a new one (report keys)
+            given = "a tensor" if isinstance(v, torch.Tensor) else repr(v)
+            raise Unsupported(f"argument {k}={given} is not implemented by "
                               f"ortcpu_torch.ops.{entry.op}")
     return ours(**call)
 

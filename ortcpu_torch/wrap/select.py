@@ -48,7 +48,7 @@ import time
 import torch
 from torch.nn.utils.stateless import _reparametrize_module
 
-from .policy import RANDOM_TORCH
+from .policy import RANDOM_TORCH, Unsupported
 
 SELECT_MODES = ("fastest", "ours")
 #: ours runs where its time is below torch's by at least this fraction and by at least
@@ -160,7 +160,7 @@ def measure(run_ours, run_torch, args, kwargs) -> dict:
             best = {side: statistics.median(ts) for side, ts in runs.items()}
             if not _near_tie(best["ours"], best["torch"]):
                 break
-    except (TypeError, ValueError, RuntimeError):
+    except (Unsupported, TypeError, ValueError, RuntimeError):
         return {"side": "ours", "ours_ms": None, "torch_ms": None}
     finally:
         torch.set_rng_state(rng)
