@@ -19,6 +19,7 @@ ops, no Inductor codegen) and small models; the Inductor runs are marked ``slow`
 from __future__ import annotations
 
 import copy
+import logging
 
 import pytest
 import torch
@@ -60,6 +61,8 @@ def _stats(c=3, dtype=D):
 CASES = [
     ("linear", O.linear, lambda: (_r(3, 5, 4), _r(6, 4), _r(6)),
      lambda x, w, b: F.linear(x, w, b)),
+    ("linear_weight_in_out", O.linear, lambda: (_r(3, 5, 4), _r(4, 6), _r(6), False, True),
+     lambda x, w, b, p, t: F.linear(x, w.t(), b)),
     ("linear_nobias_1d", O.linear, lambda: (_r(4), _r(6, 4), None),
      lambda x, w, b: F.linear(x, w)),
     ("gelu_erf", O.gelu, lambda: (_r(3, 7), 0), lambda x, a: F.gelu(x)),
@@ -362,7 +365,7 @@ def test_compile_kernels_torch_keeps_the_graph_torchs_and_families_select():
 
 class PickRecorder(GraphRecorder):
     """GraphRecorder that also keeps, per ortcpu:: op, the ``pick`` flags it was traced
-    with (the last schema argument of the picking ops)."""
+    with (a schema argument of the picking ops)."""
 
     def __init__(self):
         super().__init__()
@@ -374,11 +377,11 @@ class PickRecorder(GraphRecorder):
         def compiler(gm, example_inputs):
             for n in gm.graph.nodes:
                 name = str(n.target)
-                if n.op == "call_function" and name.split(".")[-2:-1] and \
-                        name.startswith("ortcpu.") and "pick" in [
-                            a.name for a in n.target._schema.arguments]:
-                    pick = n.kwargs.get("pick", n.args[-1] if len(n.args) ==
-                                        len(n.target._schema.arguments) else False)
+                names = [a.name for a in n.target._schema.arguments] \
+                    if n.op == "call_function" and name.startswith("ortcpu.") else []
+                if "pick" in names:
+                    i = names.index("pick")
+                    pick = n.kwargs.get("pick", n.args[i] if len(n.args) > i else False)
                     self.picks.setdefault(name.split(".")[1], set()).add(pick)
             return inner(gm, example_inputs)
         return compiler
@@ -480,6 +483,15 @@ def test_picking_ops_give_torchs_values_on_either_side(side, monkeypatch):
                                    **tol)
         opcheck(O.linear, (x, w, b, True))
         opcheck(O.linear, (x.detach(), w, None, True))
+        # addmm's [in, out] weight (weight_t): its gradient in that layout
+        wt = _r(4, 6, dtype=dt)
+        y = O.linear(x, wt, b, True, True)
+        g = torch.autograd.grad(y.square().sum(), (x, wt, b))
+        assert g[1].is_contiguous()
+        ref = F.linear(x, wt.t(), b)
+        torch.testing.assert_close(g, torch.autograd.grad(ref.square().sum(), (x, wt, b)),
+                                   **tol)
+        opcheck(O.linear, (x, wt, b, True, True))
         xc, wc, bc = _r(2, 3, 7, 6, dtype=dt), _r(4, 3, 3, 3, dtype=dt), _r(4, dtype=dt)
         for bias in (bc, None):
             args = (xc, wc, bias, [2, 1], [1, 0], [1, 2], 1)
@@ -526,6 +538,120 @@ def test_conv_of_a_channels_last_input_keeps_its_fake_layout_under_inductor(side
         torch.testing.assert_close(loss, loss_ref, rtol=1e-5, atol=1e-5)
     for p, q in zip(m.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+
+
+class _Conv1DStyle(nn.Module):
+    """Hugging Face's ``Conv1D`` (GPT-2's projections): ``x·w + b`` by ``torch.addmm`` with
+    the weight stored [in, out]."""
+
+    def __init__(self, n_in, n_out):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(n_in, n_out) * 0.1)
+        self.bias = nn.Parameter(torch.randn(n_out) * 0.1)
+
+    def forward(self, x, y):
+        h = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+        return F.cross_entropy(h.view(*x.shape[:-1], -1).flatten(0, -2), y)
+
+
+@pytest.mark.parametrize("select", ["ours", "fastest"])
+def test_compiled_addmm_of_a_conv1d_style_module_runs_our_linear(select):
+    """torch.addmm with a 1-D bias (GPT-2's Conv1D) is routed as ``linear`` of the
+    transposed weight view, trained like torch; other addmm calls (a 2-D input, beta)
+    stay ATen's."""
+    torch.manual_seed(0)
+    model, rec = _Conv1DStyle(12, 7), GraphRecorder()
+    ref = copy.deepcopy(model)
+    cm = torch.compile(wrap(model, fallback="silent", select=select,
+                            compile_kernels=["linear"]), backend=rec)
+    x, y = torch.randn(2, 3, 12), torch.randint(0, 7, (6,))
+    for m in (cm, ref):
+        m(x, y).backward()
+    assert "ortcpu.linear.default" not in rec.forward
+    assert any(op.startswith("ortcpu.linear") for op in rec.forward), rec.forward
+    assert any(op.startswith("ortcpu.linear_backward") for op in rec.backward), rec.backward
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+    b2, x2, w2 = torch.randn(6, 7), torch.randn(6, 12), torch.randn(12, 7)
+    from ortcpu_torch.wrap import compiled
+
+    assert compiled._addmm(b2, x2, w2) is NotImplemented
+    assert compiled._addmm(b2[0], x2, w2, beta=0.5) is NotImplemented
+
+
+_QUIET = logging.getLogger("ortcpu_torch.tests.graph_break")
+_QUIET.addHandler(logging.NullHandler())
+_QUIET.propagate = False
+
+
+def _logged_loss(h, y):
+    _QUIET.warning("a logging call: Dynamo breaks the graph here")
+    return F.cross_entropy(h, y)
+
+
+class _Breaking(nn.Module):
+    """A forward with a graph break in a function it calls (as ``logger.warning_once`` in
+    Hugging Face's loss functions makes one in GPT-2's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 5)
+
+    def forward(self, x, y):
+        return _logged_loss(self.fc2(F.gelu(self.fc1(x))), y)
+
+
+def test_a_graph_break_in_the_roots_forward_keeps_our_ops_in_the_compiled_frames():
+    """Dynamo cannot resume the root's forward inside the compile mode after a graph
+    break, so it runs that frame uncompiled and compiles the inner frames under the eager
+    kernel mode: they route to our ops all the same, and train like torch."""
+    torch.manual_seed(0)
+    model, rec = _Breaking(), GraphRecorder()
+    ref = copy.deepcopy(model)
+    cm = torch.compile(wrap(model, fallback="silent", select="ours",
+                            compile_kernels=["linear"]), backend=rec)
+    for _ in range(2):
+        x, y = torch.randn(6, 8), torch.randint(0, 5, (6,))
+        for m in (model, ref):
+            m.zero_grad()
+        loss, loss_ref = cm(x, y), ref(x, y)
+        loss.backward()
+        loss_ref.backward()
+        torch.testing.assert_close(loss, loss_ref, rtol=1e-5, atol=1e-6)
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+    assert rec.frames >= 2
+    assert sum(op.startswith("ortcpu.linear") for op in rec.forward) >= 1, rec.forward
+
+
+class _CompiledInside(nn.Module):
+    """An eagerly run model whose block is compiled on its own (``torch.compile`` of a
+    submodule, as users compile blocks): Dynamo traces it under the eager kernel mode."""
+
+    def __init__(self, backend):
+        super().__init__()
+        self.block = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 5))
+        self.compiled = torch.compile(self.block, backend=backend)
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.compiled(x), y)
+
+
+def test_a_block_compiled_inside_an_eager_wrapped_model_routes_our_ops():
+    torch.manual_seed(0)
+    rec = GraphRecorder()
+    model = _CompiledInside(rec)
+    ref = copy.deepcopy(model.block)
+    wrap(model, fallback="silent", select="ours", compile_kernels=["linear"])
+    x, y = torch.randn(6, 8), torch.randint(0, 5, (6,))
+    loss = model(x, y)
+    loss.backward()
+    loss_ref = F.cross_entropy(ref(x), y)
+    loss_ref.backward()
+    torch.testing.assert_close(loss, loss_ref, rtol=1e-5, atol=1e-6)
+    for p, q in zip(model.block.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+    assert sum(op.startswith("ortcpu.linear") for op in rec.forward) >= 1, rec.forward
 
 
 def test_exclude_keeps_an_excluded_module_on_torch_under_compile():

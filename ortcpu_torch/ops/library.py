@@ -213,91 +213,111 @@ def _grads(mask, *pairs):
 # ---- linear ------------------------------------------------------------------------------
 
 
-def _linear_ours(x, weight, bias):
+def _linear_ours(x, weight, bias, weight_t):
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
     y = KG.gemm(x2, weight.contiguous(), None if bias is None else bias.contiguous(),
-                trans_b=True, op="linear")
-    return reshaped(y, (*x.shape[:-1], weight.shape[0]))
+                trans_b=not weight_t, op="linear")
+    return reshaped(y, (*x.shape[:-1], weight.shape[1 if weight_t else 0]))
 
 
 @_op("linear")
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None, pick: bool = False) -> Tensor:
-    """``x·weightᵀ + bias`` (torch.nn.functional.linear) on our GEMM; ``pick``: on ours
-    or torch's (ATen's ``linear``, what Inductor would call), whichever measured faster
-    for this signature (``_side``)."""
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None, pick: bool = False,
+           weight_t: bool = False) -> Tensor:
+    """``x·weightᵀ + bias`` (torch.nn.functional.linear) on our GEMM, or with ``weight_t``
+    ``x·weight + bias`` for a weight stored [in, out] (``torch.addmm`` of a 1-D bias, as
+    Hugging Face's ``Conv1D`` computes); ``pick``: on ours or torch's (ATen's ``linear``,
+    what Inductor would call), whichever measured faster for this signature (``_side``)."""
     key = checked_signature(x, weight, bias)
     if key not in _LINEAR_CHECKED:  # the eager op's checks, shared cache
-        _check_linear(x, weight, bias)
+        _check_linear(x, weight.t() if weight_t else weight, bias)
         _LINEAR_CHECKED.add(key)
-    if pick and _side(("linear", key), lambda: _linear_ours(x, weight, bias),
-                      lambda: _linear_torch(x, weight, bias)) == "torch":
-        return _linear_torch(x, weight, bias)
-    return _linear_ours(x, weight, bias)
+    if pick and _side(("linear", key, weight_t),
+                      lambda: _linear_ours(x, weight, bias, weight_t),
+                      lambda: _linear_torch(x, weight, bias, weight_t)) == "torch":
+        return _linear_torch(x, weight, bias, weight_t)
+    return _linear_ours(x, weight, bias, weight_t)
 
 
-def _linear_torch(x, weight, bias):
+def _linear_torch(x, weight, bias, weight_t):
     with _no_torch_function():
-        return _fresh(torch.ops.aten.linear.default(x, weight, bias), (x, weight, bias))
+        return _fresh(torch.ops.aten.linear.default(x, weight.t() if weight_t else weight,
+                                                    bias), (x, weight, bias))
 
 
 @register_fake(_qualified("linear"))
-def _(x, weight, bias, pick=False):
+def _(x, weight, bias, pick=False, weight_t=False):
     TRACED["linear"] += 1
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+    return x.new_empty((*x.shape[:-1], weight.shape[1 if weight_t else 0]))
 
 
 @_op("linear_backward")
 def linear_backward(dy: Tensor, x: Tensor, weight: Tensor, mask: Sequence[bool],
-                    pick: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-    """(dX, dW, db) of ``linear``; the ones ``mask`` does not ask for are empty.
-    ``pick``: ours or torch's matrix products, as ``linear``."""
+                    pick: bool = False, weight_t: bool = False
+                    ) -> tuple[Tensor, Tensor, Tensor]:
+    """(dX, dW, db) of ``linear``, dW in weight's own layout ([in, out] with
+    ``weight_t``); the ones ``mask`` does not ask for are empty. ``pick``: ours or torch's
+    matrix products, as ``linear``."""
+    args = (dy, x, weight, mask, weight_t)
     if pick:
-        key = ("linear_backward", checked_signature(dy, x, weight), tuple(mask))
-        if _side(key, lambda: _linear_bwd_ours(dy, x, weight, mask),
-                 lambda: _linear_bwd_torch(dy, x, weight, mask)) == "torch":
-            return _linear_bwd_torch(dy, x, weight, mask)
-    return _linear_bwd_ours(dy, x, weight, mask)
+        key = ("linear_backward", checked_signature(dy, x, weight), tuple(mask), weight_t)
+        if _side(key, lambda: _linear_bwd_ours(*args),
+                 lambda: _linear_bwd_torch(*args)) == "torch":
+            return _linear_bwd_torch(*args)
+    return _linear_bwd_ours(*args)
 
 
-def _linear_bwd_torch(dy, x, weight, mask):
+def _linear_bwd_torch(dy, x, weight, mask, weight_t):
     """ATen's matrix products, as eager torch's AddmmBackward computes them."""
     with _no_torch_function():
         x2 = x.reshape(-1, x.shape[-1])
         dy2 = dy.reshape(-1, dy.shape[-1])
-        dx = torch.mm(dy2, weight).view(x.shape) if mask[0] else _nothing(x)
-        dw = torch.mm(dy2.t(), x2) if mask[1] else _nothing(x)
+        if mask[0]:
+            dx = (torch.mm(dy2, weight.t()) if weight_t else torch.mm(dy2, weight)).view(x.shape)
+        else:
+            dx = _nothing(x)
+        if not mask[1]:
+            dw = _nothing(x)
+        else:
+            dw = torch.mm(x2.t(), dy2) if weight_t else torch.mm(dy2.t(), x2)
         db = dy2.sum(0) if mask[2] else _nothing(x)
     return dx, dw, db
 
 
-def _linear_bwd_ours(dy, x, weight, mask):
+def _linear_bwd_ours(dy, x, weight, mask, weight_t):
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
     dy2 = dy.reshape(-1, dy.shape[-1]).contiguous()
     w = weight.contiguous()
-    dx = reshaped(KG.gemm(dy2, w, op="linear"), x.shape) if mask[0] else _nothing(x)
-    dw = KG.gemm(dy2, x2, trans_a=True, op="linear") if mask[1] else _nothing(x)
+    dx = reshaped(KG.gemm(dy2, w, trans_b=weight_t, op="linear"), x.shape) if mask[0] \
+        else _nothing(x)
+    if not mask[1]:
+        dw = _nothing(x)
+    elif weight_t:
+        dw = KG.gemm(x2, dy2, trans_a=True, op="linear")
+    else:
+        dw = KG.gemm(dy2, x2, trans_a=True, op="linear")
     db = KT.sum_axis(dy2, 0, "linear", keepdim=False) if mask[2] else _nothing(x)
     return dx, dw, db
 
 
 @register_fake(_qualified("linear_backward"))
-def _(dy, x, weight, mask, pick=False):
+def _(dy, x, weight, mask, pick=False, weight_t=False):
     return (x.new_empty(x.shape) if mask[0] else _nothing(x),
             x.new_empty(weight.shape) if mask[1] else _nothing(x),
-            x.new_empty((weight.shape[0],)) if mask[2] else _nothing(x))
+            x.new_empty((weight.shape[1 if weight_t else 0],)) if mask[2] else _nothing(x))
 
 
 def _linear_setup(ctx, inputs, output):
-    x, weight, bias, pick = inputs
+    x, weight, bias, pick, weight_t = inputs
     ctx.save_for_backward(x, weight)
-    ctx.has_bias, ctx.pick = bias is not None, pick
+    ctx.has_bias, ctx.pick, ctx.weight_t = bias is not None, pick, weight_t
 
 
 def _linear_bwd(ctx, dy):
     x, weight = ctx.saved_tensors
     mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1],
             ctx.has_bias and ctx.needs_input_grad[2]]
-    return (*_grads(mask, *linear_backward(dy, x, weight, mask, ctx.pick)), None)
+    return (*_grads(mask, *linear_backward(dy, x, weight, mask, ctx.pick, ctx.weight_t)),
+            None, None)
 
 
 _autograd(linear, _linear_bwd, setup_context=_linear_setup)

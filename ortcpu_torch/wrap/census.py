@@ -434,11 +434,8 @@ class RootForward:
             mode = state.compile_mode  # made at wrap time (see EnterHook)
             if mode is None:
                 return forward(module, *args, **kwargs)
-            mode.__enter__()
-            try:
+            with mode:
                 return forward(module, *args, **kwargs)
-            finally:
-                mode.__exit__(None, None, None)
         key = plan = None
         if ENABLED and not state.timing and not _is_tracing() and not _any_autocast():
             # (_steady_plan and root_key, inline: this runs on every root forward, and a

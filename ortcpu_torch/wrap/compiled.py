@@ -71,6 +71,21 @@ def _linear_adapter(pick: bool):
 _linear = _linear_adapter(False)
 
 
+def _addmm_adapter(pick: bool):
+    """``torch.addmm(bias, x, w)`` with a 1-D bias, as Hugging Face's ``Conv1D`` (GPT-2)
+    computes ``x·w + bias``: ``linear`` of ``w`` as it lies ([in, out], no copy)."""
+    def adapter(input, mat1, mat2, *, beta=1, alpha=1, out=None):
+        if out is not None or beta != 1 or alpha != 1 or \
+                not _floats(input, mat1, mat2) or mat1.dim() != 2 or mat2.dim() != 2 or \
+                input.dim() != 1 or input.shape[0] != mat2.shape[1]:
+            return NotImplemented
+        return _OPS.linear(mat1, mat2, input, pick, True)
+    return adapter
+
+
+_addmm = _addmm_adapter(False)
+
+
 _GELU = {"none": 0, "tanh": 1}
 
 
@@ -298,7 +313,7 @@ _T = torch.Tensor
 
 #: family -> [(torch function, name as in wrap's functional table, adapter)]
 FAMILIES: dict[str, list] = {
-    "linear": [(F.linear, "F.linear", _linear)],
+    "linear": [(F.linear, "F.linear", _linear), (torch.addmm, "torch.addmm", _addmm)],
     "gelu": [(F.gelu, "F.gelu", _gelu)],
     "activations": [
         (F.silu, "F.silu", _act("QuickGelu", 1.0)),
@@ -341,7 +356,8 @@ FAMILIES: dict[str, list] = {
 #: against ATen is the comparison that holds inside the graph too (the op boundary is
 #: paid either way). Pointwise and normalization ops have no such switch: inside a graph
 #: torch's side is Inductor's fused code, which no op-level measurement sees.
-_PICKING = {F.linear: _linear_adapter(True), F.conv1d: _conv(1, True),
+_PICKING = {F.linear: _linear_adapter(True), torch.addmm: _addmm_adapter(True),
+            F.conv1d: _conv(1, True),
             F.conv2d: _conv(2, True), F.conv3d: _conv(3, True)}
 #: under ``compile_kernels="auto"``: adapters that leave small calls to Inductor
 _SIZED = {F.cross_entropy: _cross_entropy_sized}

@@ -161,6 +161,9 @@ def calling_module(frame) -> str:
 
 # reasons a torch function ran on torch (keys of State.torch_calls)
 NO_KERNEL = "no ortcpu_torch kernel"
+#: ours write fresh outputs, never into a given tensor (Inductor's generated code passes
+#: out= to ATen's matrix products, run under this mode after a graph break)
+OUT_GIVEN = "out= given (ours write fresh outputs)"
 NOT_SELECTED = "not selected by include/exclude"
 IN_TORCH_SCOPE = "inside an excluded module, or a swapped module run by torch (a fallback, " \
                  "or torch measured faster)"
@@ -207,7 +210,8 @@ def route_call(state: State, entry: FuncEntry, func, args, kwargs, stats: Stats,
         stats.reasons.setdefault(k, [k, 0])[1] += 1
         return func(*args, **kwargs)
     reason = context_reason() or values_reason(args) or (
-        values_reason(kwargs.values()) if kwargs else None)
+        (OUT_GIVEN if kwargs.get("out") is not None else values_reason(kwargs.values()))
+        if kwargs else None)
     if reason is None and state.select != "ours":
         key = (entry.name, call_key(args, kwargs))
         side = state.sides.get(key)
@@ -237,6 +241,9 @@ def route_call(state: State, entry: FuncEntry, func, args, kwargs, stats: Stats,
     return func(*args, **kwargs)
 
 
+_OP_OVERLOAD = torch._ops.OpOverload
+
+
 class KernelMode(TorchFunctionMode):
     """Routes the functionals in ``FUNCTIONALS`` to ``ortcpu_torch.ops`` while active and
     counts the rest by calling module. ``census`` (``census.Census``, a wrapped root's
@@ -251,7 +258,15 @@ class KernelMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if torch.compiler.is_compiling():
-            return func(*args, **kwargs)
+            # Dynamo tracing a frame under the eager mode: after a graph break in the
+            # root's forward (a logging call, say) it compiles the inner frames as new
+            # ones while this mode is on the stack; they route as the compile mode does
+            mode = self.state.compile_mode
+            if mode is None:
+                return func(*args, **kwargs)
+            return mode.__torch_function__(func, types, args, kwargs)
+        if type(func) is _OP_OVERLOAD and func.namespace == "ortcpu":
+            return func(*args, **kwargs)  # a compiled graph's call of our op: ours already
         state = self.state
         entry = BY_FUNC.get(func)
         if entry is None:
