@@ -16,7 +16,15 @@ the run was disturbed. Prints the CPU, its vector ISA, the load other processes 
 the machine, and the targets (issue 14: >= 1.0x on every model; aim >= 1.2x on the
 transformer models).
 
-    python -m benchmarks.models [--quick] [--threads 2] [--rounds R] [--steps S] [name ...]
+With ``--compile`` the two sides are the eager wrapped model (``optimize()``, the
+reference) and ``torch.compile`` of a second wrapped copy (default ``compile_kernels=
+"auto"``): ratio = eager wrapped ms / compiled wrapped ms, target >= 1.0x on every model
+(issue 14: ``torch.compile(wrap(model))`` compiles once and is not slower than the eager
+wrapped model), with the frames Dynamo compiled over the run (more than the model's
+graph breaks + 1 would be recompiles).
+
+    python -m benchmarks.models [--quick] [--compile] [--threads 2] [--rounds R]
+                                [--steps S] [name ...]
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import time
 import warnings
 
 import torch
+import torch._dynamo.testing
 import torch.nn.functional as F
 
 import ortcpu_torch
@@ -155,19 +164,37 @@ def spread(ratios: list[float]) -> tuple[float, float]:
     return q[0], q[2]
 
 
-def run(name: str, rounds: int, steps: int, warmup: int) -> dict:
+def _optimized(model):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ortcpu_torch.optimize(model, torch.optim.AdamW(model.parameters(), lr=1e-3),
+                                     fallback="silent")
+
+
+def run(name: str, rounds: int, steps: int, warmup: int, compiled: bool = False) -> dict:
+    """One model's alternating rounds. ``compiled``: the sides are the eager wrapped
+    model ("torch" in the row: the reference) and torch.compile of a wrapped copy
+    ("ours")."""
     torch.manual_seed(0)
     base, loss_fn = MODELS[name]()
     sides = {"torch": copy.deepcopy(base), "ours": copy.deepcopy(base)}
-    opts = {"torch": torch.optim.AdamW(sides["torch"].parameters(), lr=1e-3, fused=True)}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        sides["ours"], opts["ours"] = ortcpu_torch.optimize(
-            sides["ours"], torch.optim.AdamW(sides["ours"].parameters(), lr=1e-3),
-            fallback="silent")
+    counter = None
+    if compiled:
+        sides["torch"], opt_ref = _optimized(sides["torch"])
+        opts = {"torch": opt_ref}
+        wrapped, opts["ours"] = _optimized(sides["ours"])
+        counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+        sides["ours"] = torch.compile(wrapped, backend=counter)
+    else:
+        opts = {"torch": torch.optim.AdamW(sides["torch"].parameters(), lr=1e-3,
+                                           fused=True)}
+        sides["ours"], opts["ours"] = _optimized(sides["ours"])
+    first = None
     for side in sides:
         for _ in range(warmup):
             _step(sides[side], opts[side], loss_fn)
+            if counter is not None and first is None and side == "ours":
+                first = counter.frame_count
     times = {"torch": [], "ours": []}
     for r in range(rounds):
         order = ("torch", "ours") if r % 2 == 0 else ("ours", "torch")
@@ -182,8 +209,11 @@ def run(name: str, rounds: int, steps: int, warmup: int) -> dict:
     lo, hi = spread(ratios)
     t_ms = statistics.median(t for ts in times["torch"] for t in ts) * 1e3
     o_ms = statistics.median(t for ts in times["ours"] for t in ts) * 1e3
-    rep = ortcpu_torch.report(sides["ours"], file=None)
-    return {"model": name, "torch_ms": round(t_ms, 3), "ours_ms": round(o_ms, 3),
+    rep = ortcpu_torch.report(sides["torch"] if compiled else sides["ours"], file=None)
+    extra = {} if counter is None else {"frames_first_call": first,
+                                        "frames": counter.frame_count,
+                                        "calls": warmup + rounds * steps}
+    return {**extra, "model": name, "torch_ms": round(t_ms, 3), "ours_ms": round(o_ms, 3),
             "ratio": round(statistics.median(ratios), 3),
             "ratio_p25": round(lo, 3), "ratio_p75": round(hi, 3),
             "round_ratios": [round(x, 3) for x in ratios],
@@ -194,6 +224,10 @@ def run(name: str, rounds: int, steps: int, warmup: int) -> dict:
 
 def _verdict(row: dict) -> str:
     r = row["ratio"]
+    if "frames" in row:  # --compile
+        once = row["frames"] == row["frames_first_call"]
+        return ("compiles once" if once else "RECOMPILED") + \
+            (", not slower" if r >= TARGET else ", slower than eager wrapped")
     if r < TARGET:
         return "below target"
     if row["model"] in TRANSFORMERS and r < AIM:
@@ -204,6 +238,8 @@ def _verdict(row: dict) -> str:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer rounds and steps")
+    p.add_argument("--compile", action="store_true",
+                   help="eager wrapped vs torch.compile of the wrapped model")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, help="alternating rounds (default 16, quick 6)")
     p.add_argument("--steps", type=int, help="steps per side and round (default 4, quick 3)")
@@ -222,41 +258,56 @@ def main(argv=None) -> None:
     print(f"{machine['cpu']} ({machine['isa']}), {machine['cpus']} CPUs, {args.threads} "
           f"threads, torch {machine['torch']}, load average {machine['loadavg']}, OpenMP "
           f"runtimes: {', '.join(os.path.basename(r) for r in openmp_runtimes())}")
+    ref, cand = ("eager wrapped", "compiled wrapped") if args.compile else ("torch", "ours")
+    target = f"target >= {TARGET}x on every model" + (
+        "" if args.compile else f", aim >= {AIM}x on {', '.join(TRANSFORMERS)}")
     print(f"{rounds} rounds x {steps} steps per side (alternating), after {warmup} warm-up "
-          f"steps; ratio = median over rounds of torch ms / ours ms, spread = its "
-          f"interquartile range; target >= {TARGET}x on every model, aim >= {AIM}x on "
-          f"{', '.join(TRANSFORMERS)}\n")
-    print(f"{'model':<14} {'torch ms':>9} {'ours ms':>9} {'ratio':>7} {'spread':>13}  "
-          f"{'on torch':>8}  verdict")
+          f"steps; ratio = median over rounds of {ref} ms / {cand} ms, spread = its "
+          f"interquartile range; {target}\n")
+    last = "frames" if args.compile else "on torch"
+    print(f"{'model':<14} {ref[:9]:>9} {cand[:9]:>9} {'ratio':>7} {'spread':>13}  "
+          f"{last:>8}  verdict")
     rows = []
     for n in names:
-        row = run(n, rounds, steps, warmup)
+        row = run(n, rounds, steps, warmup, args.compile)
         row["verdict"] = _verdict(row)
         rows.append(row)
+        col = f"{row['frames']:>8}" if args.compile else \
+            f"{row['signatures_on_torch']:>3}/{row['signatures']:<4}"
         print(f"{n:<14} {row['torch_ms']:>9.2f} {row['ours_ms']:>9.2f} {row['ratio']:>6.2f}x"
-              f" {row['ratio_p25']:>5.2f}-{row['ratio_p75']:.2f}x  "
-              f"{row['signatures_on_torch']:>3}/{row['signatures']:<4}  {row['verdict']}",
+              f" {row['ratio_p25']:>5.2f}-{row['ratio_p75']:.2f}x  {col}  {row['verdict']}",
               flush=True)
     fl = load.report()
     machine["foreign_load"] = fl
     busy = ": ratios on a loaded machine" if fl["foreign_share"] > 0.1 else ""
     print(f"\nother processes used {100 * fl['foreign_share']:.1f}% of the machine's CPU time "
           f"({fl['foreign_cpu_s']} CPU-s in {fl['wall_s']} s){busy}")
-    md = [f"Training step (forward + backward + AdamW), {args.threads} threads, "
-          f"{machine['cpu']} ({machine['isa']}), torch {machine['torch']}; ratio = torch ms / "
-          f"ours ms (> 1: ours faster); other processes used "
+    what = ("`torch.compile` of `ortcpu_torch.optimize(model, AdamW)` (default "
+            "`compile_kernels=\"auto\"`) against the eager wrapped model"
+            if args.compile else "forward + backward + AdamW")
+    md = [f"Training step ({what}), {args.threads} threads, "
+          f"{machine['cpu']} ({machine['isa']}), torch {machine['torch']}; ratio = {ref} ms "
+          f"/ {cand} ms (> 1: {cand} faster); other processes used "
           f"{100 * fl['foreign_share']:.0f}% of the CPU during the run.", "",
           f"Ratio: median over {rounds} alternating rounds of {steps} steps per side; spread: "
-          f"the rounds' interquartile range. Target >= {TARGET}x on every model, aim >= "
-          f"{AIM}x on the transformer models.", "",
-          "| model | torch ms | ours ms | ratio | spread | signatures run on torch | verdict |",
-          "|---|---:|---:|---:|---:|---:|---|"]
-    md += [f"| {r['model']} | {r['torch_ms']:.2f} | {r['ours_ms']:.2f} | {r['ratio']:.2f}x | "
-           f"{r['ratio_p25']:.2f}-{r['ratio_p75']:.2f}x | "
-           f"{r['signatures_on_torch']}/{r['signatures']} | {r['verdict']} |" for r in rows]
+          f"the rounds' interquartile range. {target[0].upper() + target[1:]}.", ""]
+    if args.compile:
+        md += [f"| model | {ref} ms | {cand} ms | ratio | spread | frames compiled "
+               "(first call / whole run) | verdict |", "|---|---:|---:|---:|---:|---:|---|"]
+        md += [f"| {r['model']} | {r['torch_ms']:.2f} | {r['ours_ms']:.2f} | "
+               f"{r['ratio']:.2f}x | {r['ratio_p25']:.2f}-{r['ratio_p75']:.2f}x | "
+               f"{r['frames_first_call']} / {r['frames']} | {r['verdict']} |" for r in rows]
+    else:
+        md += ["| model | torch ms | ours ms | ratio | spread | signatures run on torch | "
+               "verdict |", "|---|---:|---:|---:|---:|---:|---|"]
+        md += [f"| {r['model']} | {r['torch_ms']:.2f} | {r['ours_ms']:.2f} | "
+               f"{r['ratio']:.2f}x | {r['ratio_p25']:.2f}-{r['ratio_p75']:.2f}x | "
+               f"{r['signatures_on_torch']}/{r['signatures']} | {r['verdict']} |"
+               for r in rows]
     if not args.names and not args.quick:
-        write_results("models", {"machine": machine, "threads": args.threads,
-                                 "rounds": rounds, "steps": steps, "rows": rows},
+        write_results("models_compile" if args.compile else "models",
+                      {"machine": machine, "threads": args.threads, "rounds": rounds,
+                       "steps": steps, "compile": args.compile, "rows": rows},
                       "\n".join(md) + "\n")
     else:
         print("\n" + "\n".join(md))

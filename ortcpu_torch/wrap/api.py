@@ -92,7 +92,8 @@ def wrap(model: torch.nn.Module, *, fallback: str = "warn", include=None, exclud
     fake shapes and autograd formulas, so the graph calls our forward and gradient
     kernels and Inductor compiles the rest, or torch's own ops. ``"auto"`` (default):
     ours for the families that measured faster inside a compiled graph
-    (``compiled.auto_families``: convolution, BatchNorm, pooling; GEMMs and
+    (``compiled.auto_families``: convolution, pooling; GEMMs (``F.linear``, and
+    ``torch.addmm`` with a 1-D bias as Hugging Face's ``Conv1D`` computes) and
     scaled_dot_product_attention where ours measure clearly faster than torch's; GELU,
     LayerNorm and cross entropy on our AVX-512 build, cross entropy from 512 classes and
     128K logits), torch's for the rest; ``"ours"``:
@@ -109,8 +110,10 @@ def wrap(model: torch.nn.Module, *, fallback: str = "warn", include=None, exclud
     0.99-1.09x against 1.01-1.15x with torch's inside, on a small MLP (64x256) 0.66-0.95x
     against 0.88-1.08x (each ortcpu:: call pays ~10-20 us of dispatch through
     torch.library's Python autograd layer, and Inductor fuses what surrounds torch's
-    ops). Mixing inside one family chain costs more: an Inductor convolution feeding our
-    BatchNorm converts layouts on every call, so conv, BatchNorm and pooling go together.
+    ops). On whole models (``python -m benchmarks.models --compile``, Zen 5, 2 threads)
+    BatchNorm measured faster as Inductor's, fused with the ReLU and residual add around
+    it (ResNet-style 0.92-0.95x -> 1.03-1.06x, MobileNetV3-style 0.96x -> 1.06-1.08x),
+    so "auto" leaves it to Inductor.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"wrap: model must be a torch.nn.Module, got {type(model).__name__}")

@@ -366,15 +366,20 @@ _SIZED = {F.cross_entropy: _cross_entropy_sized}
 ALL = tuple(FAMILIES)
 #: ``compile_kernels="auto"`` (the default): the families whose ortcpu:: ops measured
 #: faster inside an Inductor graph than Inductor's own code (benchmarks/wrap_compile.py,
-#: AVX2 EPYC): convolution (each signature on the faster of ours and ATen's, as above),
-#: BatchNorm and pooling; GEMMs too where our GEMM is clearly faster than torch's
+#: AVX2 EPYC): convolution (each signature on the faster of ours and ATen's, as above)
+#: and pooling; not BatchNorm, which Inductor fuses with the ReLU and residual add around
+#: it in training (benchmarks.models --compile, Zen 5, 2 threads, eager wrapped /
+#: compiled wrapped, CPU time, 12-16 alternating rounds, twice: ResNet-style 0.92 / 0.95
+#: -> 1.06 / 1.03x, MobileNetV3-style 0.96 / 0.96 -> 1.06 / 1.08x without it; the CNN
+#: block of wrap_compile 0.94 -> 0.92x at 1 thread, 0.99 -> 0.96x at 2, within the
+#: host's noise); GEMMs too where our GEMM is clearly faster than torch's
 #: (``auto_families``). Not GEMMs otherwise: a custom op call costs ~0.1-0.4 ms more per
 #: forward+backward than Inductor's direct ATen call (torch.library's Python dispatch,
 #: measured on tiny to 64x256x256 shapes), more than a GEMM of torch's speed saves (AVX2
 #: EPYC, MLP 64x256: 0.80x with ``linear`` in, 0.90x without); attention likewise; GELU,
 #: LayerNorm and cross entropy on the AVX-512 build only (``FUSED_ON_AVX512``); never
 #: softmax or the pointwise activations, which Inductor fuses with their neighbours.
-AUTO = ("conv", "batch_norm", "pool")
+AUTO = ("conv", "pool")
 #: ``auto`` on our AVX-512 build also routes these: with the per-call cost of an op now
 #: ~6 us above its kernel (library._autograd), ours measured faster inside the graph than
 #: Inductor's fused code (Zen 5, 1 thread, eager wrapped / compiled: MLP block 0.90 ->
