@@ -133,3 +133,55 @@ def test_transformers_model_trains_like_torch(name, tmp_path):
     rep = check_report(ours)
     assert rep.modules, "nothing was swapped"
     assert any(d["calls_ours"] for d in rep.modules)
+
+
+class _Ops:
+    """An aot_eager backend that keeps the ortcpu:: ops of the forward graphs."""
+
+    def __init__(self):
+        self.frames, self.ours = 0, set()
+
+    def __call__(self, gm, example_inputs):
+        from functorch.compile import make_boxed_func
+        from torch._dynamo.backends.common import aot_autograd
+
+        self.frames += 1
+
+        def keep(g, _inputs):
+            self.ours |= {str(n.target).split(".")[1] for n in g.graph.nodes
+                          if n.op == "call_function" and str(n.target).startswith("ortcpu.")}
+            return make_boxed_func(g.forward)
+        return aot_autograd(fw_compiler=keep,
+                            bw_compiler=lambda g, _i: make_boxed_func(g.forward))(
+            gm, example_inputs)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert"])
+def test_compiled_wrapped_model_compiles_once_runs_our_gemms_trains_like_torch(name):
+    """``torch.compile(optimize(model))``: GPT-2's Conv1D (``torch.addmm``) and BERT's
+    Linear layers run as ortcpu::linear in the graphs, GPT-2's loss function (a logging
+    call in it breaks the graph) included; the frames compile on the first step only and
+    3 AdamW steps follow plain torch's losses."""
+    make, batches, loss_fn, _ = MODELS[name]
+    torch.manual_seed(0)
+    model = make()
+    ref = make()
+    ref.load_state_dict(model.state_dict())
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    model, opt = ortcpu_torch.optimize(model, torch.optim.AdamW(model.parameters(), lr=1e-3),
+                                       fallback="silent", select="ours")
+    rec = _Ops()
+    cm = torch.compile(model, backend=rec)
+    frames = []
+    for b in batches(3):
+        losses = []
+        for m, o in ((cm, opt), (ref, opt_ref)):
+            o.zero_grad()
+            loss = loss_fn(m, b)
+            loss.backward()
+            o.step()
+            losses.append(loss.detach())
+        frames.append(rec.frames)
+        torch.testing.assert_close(losses[0], losses[1], rtol=1e-4, atol=1e-5)
+    assert frames[0] == frames[-1], frames  # no recompiles after the first step
+    assert "linear" in rec.ours, rec.ours
