@@ -236,6 +236,22 @@ def test_max_pool_vs_torch(case, dtype):
     _close(x.grad, x2.grad, dtype)
 
 
+@pytest.mark.parametrize("case", POOL_CASES[:7])
+def test_max_pool_indices_with_ties_and_nans_vs_torch(case):
+    """Indices of 1-D and 2-D pools come from the argmax-code kernel (every window's taps
+    unclipped over a -inf padded plane): ties keep torch's first maximum, a NaN torch's
+    (the last NaN in the window), windows overlapping the padding an in-image tap."""
+    r, sp, k, s, p, d, cm = case
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, *sp).round()  # many ties
+    x[torch.rand_like(x) < 0.05] = float("nan")
+    y, idx = OMAX[r](x, k, s, p, d, cm, return_indices=True)
+    ref, ridx = MAXF[r](x, k, s, p, d, cm, return_indices=True)
+    assert torch.equal(idx, ridx)
+    assert torch.equal(y.isnan(), ref.isnan())
+    assert torch.equal(y.nan_to_num(), ref.nan_to_num())
+
+
 @pytest.mark.parametrize("dtype", DT)
 @pytest.mark.parametrize("case", POOL_CASES + [
     (2, (31, 40), 3, 2, 0, 1, True),      # squeezenet's 3x3/s2 ceil_mode
