@@ -33,6 +33,7 @@ BENCH_SECTIONS = {
     "summary-benchmarks": ("summary.md", "make bench-summary"),
     "train-step-benchmarks": ("train_step.md", "python -m benchmarks.train_step"),
     "models-benchmarks": ("models.md", "python -m benchmarks.models"),
+    "models-compile-benchmarks": ("models_compile.md", "python -m benchmarks.models --compile"),
     "overhead-benchmarks": ("overhead.md", "python -m benchmarks.overhead"),
     "gemm-peak": ("gemm_peak.md", "python -m benchmarks.gemm_peak"),
     "graph-benchmarks": ("graph.md", "python -m benchmarks.graph"),
