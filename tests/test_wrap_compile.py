@@ -192,6 +192,20 @@ def test_op_opcheck_values_gradcheck(name, op, make, ref):
     assert torch.autograd.gradcheck(fn, tuple(args[i] for i in diff))
 
 
+def test_linear_checks_each_weight_layout_apart():
+    """``linear`` with an [in, out] weight (``weight_t``, addmm's) and the same shapes
+    with an [out, in] one share the eager checks' cache but not its entries: shapes valid
+    in one layout are still rejected in the other."""
+    x, w = torch.randn(3, 4), torch.randn(4, 6)
+    torch.testing.assert_close(O.linear(x, w, None, False, True), x @ w)
+    with pytest.raises(ValueError, match="in_features"):
+        O.linear(x, w, None)
+    x6 = torch.randn(3, 6)
+    torch.testing.assert_close(O.linear(x6, w, None), x6 @ w.t())
+    with pytest.raises(ValueError, match="in_features"):
+        O.linear(x6, w, None, False, True)
+
+
 def test_batch_norm_update_stats_opcheck_and_semantics():
     rm, rv = torch.zeros(3, dtype=D), torch.ones(3, dtype=D)
     mean, var = torch.rand(3, dtype=D), torch.rand(3, dtype=D)

@@ -227,11 +227,15 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None, pick: bool = False,
     ``x·weight + bias`` for a weight stored [in, out] (``torch.addmm`` of a 1-D bias, as
     Hugging Face's ``Conv1D`` computes); ``pick``: on ours or torch's (ATen's ``linear``,
     what Inductor would call), whichever measured faster for this signature (``_side``)."""
+    # the eager op's checks, their cache shared (an [in, out] weight keyed apart: the
+    # same shapes are valid in one layout and not the other)
     key = checked_signature(x, weight, bias)
-    if key not in _LINEAR_CHECKED:  # the eager op's checks, shared cache
+    if weight_t and key is not None:
+        key += (True,)
+    if key not in _LINEAR_CHECKED:
         _check_linear(x, weight.t() if weight_t else weight, bias)
         _LINEAR_CHECKED.add(key)
-    if pick and _side(("linear", key, weight_t),
+    if pick and _side(("linear", key),
                       lambda: _linear_ours(x, weight, bias, weight_t),
                       lambda: _linear_torch(x, weight, bias, weight_t)) == "torch":
         return _linear_torch(x, weight, bias, weight_t)
