@@ -149,7 +149,8 @@ def test_compiled_wrapped_model_compiles_once_runs_our_gemms_trains_like_torch(n
     ref.load_state_dict(model.state_dict())
     opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-3)
     model, opt = ortcpu_torch.optimize(model, torch.optim.AdamW(model.parameters(), lr=1e-3),
-                                       fallback="silent", select="ours")
+                                       fallback="silent", select="ours",
+                                       compile_kernels="ours")  # "auto" differs by ISA
     rec = GraphRecorder()
     cm = torch.compile(model, backend=rec)
     frames = []
