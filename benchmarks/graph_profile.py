@@ -34,9 +34,7 @@ def ours_profile(sess: InferenceSession, feeds: dict, reps: int, clock) -> dict:
     plan = ex.plan_for(vals)
     samples: dict[str, list] = {}
     ops: dict[str, str] = {}
-    # onnxruntime names the nodes it rewrites (NCHWc convs, ...) after their output
-    aliases = {n.output[0]: n.name for n in ex.model.graph.node if n.name and n.output}
-    ours_profile.aliases = aliases
+    ours_profile.model = ex.model
     for _ in range(reps):
         _, rows = plan.profile(*vals, clock=clock)
         for node, t in rows:
@@ -67,6 +65,19 @@ def ort_profile(model: onnx.ModelProto, feeds: dict, reps: int, threads: int) ->
         ops[key] = e["args"].get("op_name", "?")
     # drop the 2 warm-up runs
     return {k: (ops[k], statistics.median(v[2:] or v)) for k, v in samples.items()}
+
+
+def fused_root(model: onnx.ModelProto, output: str, op_type: str) -> str:
+    """The name of the ``op_type`` node that onnxruntime fused into the node it named
+    after ``output`` (Conv + BatchNormalization + Add + Relu under the Relu's output), found
+    by walking first inputs back from the producer of ``output``; ``output`` if none."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    node = producer.get(output)
+    while node is not None and node.op_type != op_type and node.input:
+        node = producer.get(node.input[0])
+    if node is None or node.op_type != op_type:
+        return output
+    return node.name or node.output[0]
 
 
 def by_op(prof: dict) -> dict:
@@ -103,7 +114,7 @@ def main() -> None:
         by_ours_name = {}
         for k, v in theirs.items():
             base = k[: -len("_nchwc")] if k.endswith("_nchwc") else k
-            by_ours_name[ours_profile.aliases.get(base, base)] = v
+            by_ours_name[fused_root(ours_profile.model, base, v[0])] = v
         for k, (op, t) in sorted(ours.items(), key=lambda kv: -kv[1][1])[: args.top]:
             ort_t = by_ours_name.get(k, (None, None))[1]
             ort_s = f"{ort_t * 1e3:.3f}" if ort_t is not None else "-"

@@ -288,6 +288,29 @@ def test_conv_p16_matches_float64(case):
 
 
 @needs_conv1x1
+def test_claimed_units_give_the_same_bits_on_any_thread_count():
+    """Threads claim the work units in turn (a thread slowed by other work takes fewer):
+    which thread ran a unit never changes its bits, here with many units per claim
+    (4 samples x 3 panel pairs x 26 output rows; 1x1: every sample and pair)."""
+    from ortcpu_torch._native import ffi, ptr
+
+    g = torch.Generator().manual_seed(9)
+    x, wt = torch.randn(4, 24, 28, 28, generator=g), torch.randn(90, 24, 3, 3, generator=g)
+    b, r = torch.randn(90, generator=g), torch.randn(4, 90, 26, 26, generator=g)
+    pw = PackedWeight.pack(wt.reshape(90, -1), True)
+    geom = ffi.new("int64_t[]", [4, 24, 28, 28, 90, 1, 3, 3, 26, 26, 1, 1, 0, 0, 1, 1])
+    outs = []
+    for threads in (1, 2, 3):
+        y = torch.empty(4, 90, 26, 26)
+        assert lib.ortcpu_conv_p16(ptr(x), ptr(pw.data), ptr(b), ptr(r), 1, ptr(y), 0, geom,
+                                   threads) == 0
+        w1 = PackedWeight.pack(wt[:, :, 1, 1].contiguous(), True)
+        outs.append((y, _conv1x1(x, w1, b, torch.zeros(4, 90, 28, 28), True, threads)))
+    for y, y1 in outs[1:]:
+        assert torch.equal(y, outs[0][0]) and torch.equal(y1, outs[0][1])
+
+
+@needs_conv1x1
 def test_conv_p16_rejects_groups_and_negative_pads():
     from ortcpu_torch._native import ffi
 

@@ -330,6 +330,17 @@ static inline int64_t p16_slice_end(int64_t k0, int64_t k)
     return k - k0 < P16_KC + P16_KC / 2 ? k : k0 + P16_KC;
 }
 
+/* units per thread the work is cut into at least, and claimed in turn: a thread slowed
+ * by other work on its core takes fewer of them instead of holding the others up */
+#define P16_UNITS_PER_THREAD 8
+
+/* units claimed at a time out of `units` shared by nt threads */
+static inline int64_t p16_grain(int64_t units, int nt)
+{
+    int64_t g = units / ((int64_t)nt * P16_UNITS_PER_THREAD);
+    return g < 1 ? 1 : g;
+}
+
 /* ---- any 2-D convolution of one group on the same tile (conv_p16) --------------------
  * The implicit GEMM Y_s^T = im2col(X_s)^T W^T without the im2col matrix: a tile is 8
  * consecutive output positions of one output row x 32 output channels; for reduction step
@@ -560,6 +571,7 @@ int ortcpu_conv_p16(const float *x, const float *packed, const float *bias, cons
     if (2.0 * (double)nb * (double)m * (double)k * (double)(oh * ow) < 1e6 || units < 2 * t ||
         omp_in_parallel())
         t = 1;
+    int64_t next = 0; /* the next unclaimed unit */
     cg_ctx g = {nb, m, k, oh, ow, sh, sw, c * plane, PW, 2 * P16 * k > c * plane,
                 copy ? xp : x, off, packed, bias, res, y, ystride, relu};
 #pragma omp parallel num_threads(t) if (t > 1)
@@ -582,9 +594,12 @@ int ortcpu_conv_p16(const float *x, const float *packed, const float *bias, cons
             }
 #pragma omp barrier
         }
-        int64_t per = (units + nt - 1) / nt, u0 = id * per;
-        int64_t u1 = u0 + per < units ? u0 + per : units;
-        if (u0 < u1) cg_units(&g, u0, u1);
+        int64_t grain = p16_grain(units, nt);
+        for (;;) {
+            int64_t u0 = __atomic_fetch_add(&next, grain, __ATOMIC_RELAXED);
+            if (u0 >= units) break;
+            cg_units(&g, u0, u0 + grain < units ? u0 + grain : units);
+        }
     }
     ort_scratch_free(xp);
     ort_scratch_free(off);
@@ -637,9 +652,9 @@ static int c1_run(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
         t = 1;
     /* too few (sample, pair) units to share evenly (64 output channels at batch 1 are 2):
      * split the positions into chunks of whole tiles as well */
-    int64_t pc = p;
-    if (t > 1 && units < 4 * t) {
-        int64_t want = (4 * t + units - 1) / units, tiles = (p + P16_R512 - 1) / P16_R512;
+    int64_t pc = p, next = 0;
+    if (t > 1 && units < P16_UNITS_PER_THREAD * t) {
+        int64_t want = (P16_UNITS_PER_THREAD * t + units - 1) / units, tiles = (p + P16_R512 - 1) / P16_R512;
         if (want > tiles) want = tiles;
         pc = (tiles + want - 1) / want * P16_R512;
     }
@@ -672,10 +687,13 @@ static int c1_run(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
             }
 #pragma omp barrier
         }
-        int64_t per = (units + nt - 1) / nt, s = id * per, e = s + per < units ? s + per : units;
-        if (s < e)
-            c1_units(s, e, nb, n, k, p, pc, xa ? xa : x, xrow, packed, bias, res, relu, y,
-                     ystride);
+        int64_t grain = p16_grain(units, nt);
+        for (;;) {
+            int64_t s = __atomic_fetch_add(&next, grain, __ATOMIC_RELAXED);
+            if (s >= units) break;
+            c1_units(s, s + grain < units ? s + grain : units, nb, n, k, p, pc, xa ? xa : x,
+                     xrow, packed, bias, res, relu, y, ystride);
+        }
     }
     ort_scratch_free(xa);
     return ORTCPU_OK;
