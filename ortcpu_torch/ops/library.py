@@ -47,7 +47,7 @@ from torch import Tensor
 from torch.library import register_fake
 
 from .._native import KernelError
-from .._native.arena import reshaped
+from .._native.arena import empty, reshaped
 from ..kernels import activations as KA
 from ..kernels import batchnorm as KB
 from ..kernels import conv as KC
@@ -705,7 +705,9 @@ def cross_entropy_backward(dy: Tensor, x: Tensor, target: Tensor, weight: Tensor
     the gradient kernel from the saved ``lse``."""
     op = "cross_entropy"
     if dx_unit.numel() and math.isfinite(g := float(dy)):
-        return dx_unit * g
+        # into the arena (pages already touched): a fresh 2 MB result of `dx_unit * g`
+        # took 90-670 us in compiled GPT-2's backward (page faults), 30 us warm
+        return torch.mul(dx_unit, g, out=empty(dx_unit.shape, dx_unit.dtype))
     x = x.contiguous()
     w = None if weight is None else weight.contiguous()
     if reduction == 0:
