@@ -10,7 +10,8 @@ benchmarks/_omp_passive.py).
   light resnet50, squeezenet and inception_v1, a torch-exported transformer encoder block
   (d 256, seq 128) and an MLP 784-1024-1024-10.
 
-Each case alternates the two sides, ``--reps`` rounds, and reports medians; a sample is one
+Each case alternates the two sides, ``--reps`` rounds, and reports medians (the ratio: the
+median of the rounds' ratios, with their interquartile range); a sample is one
 run, or for runs under 5 ms as many back-to-back runs as make 5 ms (``calls_per_sample``),
 after one untimed run of the same side (steady state for both, see ``alternate``).
 The machine is shared: the foreign CPU load during the run is printed with the results.
@@ -38,7 +39,13 @@ import torch  # noqa: E402
 from onnx import TensorProto as TP  # noqa: E402
 from onnx import helper, numpy_helper  # noqa: E402
 
-from benchmarks._util import ForeignLoad, machine_info, set_threads, write_results  # noqa: E402
+from benchmarks._util import (  # noqa: E402
+    ForeignLoad,
+    machine_info,
+    quantiles,
+    set_threads,
+    write_results,
+)
 from ortcpu_torch.graph import InferenceSession  # noqa: E402
 
 LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
@@ -75,9 +82,11 @@ def ort_session(model: onnx.ModelProto, threads: int, profile_prefix: str | None
 CLOCK = time.perf_counter
 
 
-def alternate(ours, theirs, reps: int, inner: int = 1) -> tuple[float, float]:
-    """Median seconds per call of each, alternating sides every round; each side's turn
-    starts with one untimed call. Without it the comparison favoured ours: after our run
+def alternate(ours, theirs, reps: int, inner: int = 1, rounds: list | None = None
+              ) -> tuple[float, float]:
+    """Median seconds per call of each, alternating sides every round (``rounds``, when
+    given, receives each round's (ours, theirs) seconds); each side's turn starts with one
+    untimed call. Without it the comparison favoured ours: after our run
     OpenMP's pool thread spins on (its default wait policy) while ORT's first run wants
     both cores, and squeezenet b1 measured ours 2.9-3.1 ms vs ORT's 2.5-3.9 call for call,
     but 2.4-2.7 vs 2.2-2.4 ms in runs of 8 back to back."""
@@ -99,6 +108,8 @@ def alternate(ours, theirs, reps: int, inner: int = 1) -> tuple[float, float]:
         t3 = clock()
         a.append((t1 - t0) / inner)
         b.append((t3 - t2) / inner)
+        if rounds is not None:
+            rounds.append((a[-1], b[-1]))
     return statistics.median(a), statistics.median(b)
 
 
@@ -233,8 +244,10 @@ def inference(name: str, batch: int, reps: int, threads: int) -> dict:
     b = theirs.run(None, feeds)[0]
     err = float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-30))
     inner = calls_per_sample(lambda: ours.run(None, feeds), lambda: theirs.run(None, feeds))
+    rounds: list = []
     t_ours, t_ort = alternate(lambda: ours.run(None, feeds), lambda: theirs.run(None, feeds),
-                              reps, inner)
+                              reps, inner, rounds)
+    spread = quantiles([o / u for u, o in rounds])
     # ours again on one thread: on this loaded 2-core machine a 2-thread fork-join kernel
     # waits for its descheduled partner thread at every barrier
     set_threads(1)
@@ -243,7 +256,9 @@ def inference(name: str, batch: int, reps: int, threads: int) -> dict:
     finally:
         set_threads(threads)
     return {"case": name, "batch": batch, "calls_per_sample": inner, "ours_ms": t_ours * 1e3,
-            "ort_ms": t_ort * 1e3, "ratio": t_ort / t_ours, "ours_1thread_ms": t_ours1 * 1e3,
+            "ort_ms": t_ort * 1e3, "ratio": spread["median"], "ratio_p25": spread["p25"],
+            "ratio_p75": spread["p75"], "ratio_of_medians": t_ort / t_ours,
+            "ours_1thread_ms": t_ours1 * 1e3,
             "ratio_1thread": t_ort / t_ours1, "max_rel_diff": err}
 
 
@@ -259,12 +274,16 @@ def markdown(info, node_row, rows, load) -> str:
              f"onnxruntime {node_row['ort_us_per_node']:.2f} µs/node; the same torch.add calls "
              f"made directly from Python, each allocating its result: "
              f"{node_row['torch_add_us_per_node']:.2f} µs each.", "",
-             "| model | batch | ours ms | onnxruntime ms | ratio ORT/ours | ours 1 thread ms "
-             "| ratio vs ours 1 thread | max rel diff | runs per sample |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "Ratio ORT/ours: the median of the rounds' ratios (each round runs both sides "
+             "back to back, so a drift of the shared host's speed between rounds cancels); "
+             "spread: their interquartile range; ms: each side's median over the rounds.", "",
+             "| model | batch | ours ms | onnxruntime ms | ratio ORT/ours | spread "
+             "| ours 1 thread ms | ratio vs ours 1 thread | max rel diff | runs per sample |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['case']} | {r['batch']} | {r['ours_ms']:.2f} | {r['ort_ms']:.2f} | "
-                     f"{r['ratio']:.2f}x | {r['ours_1thread_ms']:.2f} | "
+                     f"{r['ratio']:.2f}x | {r['ratio_p25']:.2f}-{r['ratio_p75']:.2f}x | "
+                     f"{r['ours_1thread_ms']:.2f} | "
                      f"{r['ratio_1thread']:.2f}x | {r['max_rel_diff']:.1e} | "
                      f"{r['calls_per_sample']} |")
     lines += ["", "Targets (issue 15):", target_line(
