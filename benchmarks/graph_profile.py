@@ -1,12 +1,13 @@
 """Per-node profile of the graph executor next to onnxruntime's own (``enable_profiling``),
 for the models of ``benchmarks.graph``: time per op type and the slowest nodes, ours and
-ORT's, both medians over ``--reps`` runs.
+ORT's, both medians over ``--rounds`` alternating rounds of ``--reps`` runs per side.
 
-ORT fuses nodes (Conv+Relu, MatMul+Add, ...) under the first node's name, so per-node rows
-are matched by name where they exist and op types are compared in total.
+ORT fuses nodes (Conv + BatchNormalization + Add + Relu, ...) and names the fused node
+after its last output: rows are matched to ours by walking back from that output to the
+node of ORT's op type; op types are compared in total.
 
-    python -m benchmarks.graph_profile [--threads N] [--batch B] [--cpu] [--top K] model ...
-"""
+    python -m benchmarks.graph_profile [--threads N] [--batch B] [--rounds R] [--reps N]
+                                       [--cpu] [--top K] model ..."""
 
 from __future__ import annotations
 
@@ -26,45 +27,55 @@ from benchmarks.graph import CASES, feeds_for, ort_session
 from ortcpu_torch.graph import InferenceSession
 
 
-def ours_profile(sess: InferenceSession, feeds: dict, reps: int, clock) -> dict:
-    """node name -> (op type, median seconds)."""
+def ours_samples(sess: InferenceSession, feeds: dict, reps: int, clock,
+                 samples: dict) -> None:
+    """Adds ``reps`` profiled runs to ``samples``: node name -> (op type, [seconds])."""
     sess.run(None, feeds)
     ex = sess.executor
     vals = ex.positional({k: torch.from_numpy(v) for k, v in feeds.items()})
     plan = ex.plan_for(vals)
-    samples: dict[str, list] = {}
-    ops: dict[str, str] = {}
-    ours_profile.model = ex.model
     for _ in range(reps):
         _, rows = plan.profile(*vals, clock=clock)
         for node, t in rows:
-            key = node.name or node.output[0]
-            samples.setdefault(key, []).append(t)
-            ops[key] = node.op_type
-    return {k: (ops[k], statistics.median(v)) for k, v in samples.items()}
+            samples.setdefault(node.name or node.output[0], (node.op_type, []))[1].append(t)
 
 
-def ort_profile(model: onnx.ModelProto, feeds: dict, reps: int, threads: int) -> dict:
-    """node name -> (op type, median seconds) from onnxruntime's profile."""
-    tmp = tempfile.mkdtemp(prefix="ortprof")
-    s = ort_session(model, threads, profile_prefix=os.path.join(tmp, "p"))
-    for _ in range(reps + 2):
-        s.run(None, feeds)
-    path = s.end_profiling()
-    events = json.load(open(path))
-    for f in glob.glob(os.path.join(tmp, "*")):
-        os.remove(f)
-    os.rmdir(tmp)
-    samples: dict[str, list] = {}
-    ops: dict[str, str] = {}
-    for e in events:
+def ort_samples(path: str, warmup: int) -> dict:
+    """node name -> (op type, [seconds]) from onnxruntime's profile file, without the
+    first ``warmup`` runs."""
+    samples: dict[str, tuple] = {}
+    for e in json.load(open(path)):
         if e.get("cat") != "Node" or not e["name"].endswith("_kernel_time"):
             continue
         key = e["name"][: -len("_kernel_time")]
-        samples.setdefault(key, []).append(e["dur"] * 1e-6)
-        ops[key] = e["args"].get("op_name", "?")
-    # drop the 2 warm-up runs
-    return {k: (ops[k], statistics.median(v[2:] or v)) for k, v in samples.items()}
+        samples.setdefault(key, (e["args"].get("op_name", "?"), []))[1].append(e["dur"] * 1e-6)
+    return {k: (op, v[warmup:] or v) for k, (op, v) in samples.items()}
+
+
+def profiles(model: onnx.ModelProto, feeds: dict, rounds: int, reps: int, threads: int,
+             clock) -> tuple[dict, dict, onnx.ModelProto]:
+    """(ours, ORT's) node name -> (op type, median seconds), and our executor's model:
+    ``rounds`` rounds of ``reps`` runs of ours then ``reps`` of ORT's, so a drift of the
+    shared host's speed reaches both sides alike."""
+    sess = InferenceSession(model)
+    tmp = tempfile.mkdtemp(prefix="ortprof")
+    ort = ort_session(model, threads, profile_prefix=os.path.join(tmp, "p"))
+    for _ in range(2):
+        ort.run(None, feeds)
+    ours: dict = {}
+    for _ in range(rounds):
+        ours_samples(sess, feeds, reps, clock, ours)
+        for _ in range(reps):
+            ort.run(None, feeds)
+    path = ort.end_profiling()
+    theirs = ort_samples(path, warmup=2)
+    for f in glob.glob(os.path.join(tmp, "*")):
+        os.remove(f)
+    os.rmdir(tmp)
+
+    def medians(d):
+        return {k: (op, statistics.median(v)) for k, (op, v) in d.items()}
+    return medians(ours), medians(theirs), sess.executor.model
 
 
 def fused_root(model: onnx.ModelProto, output: str, op_type: str) -> str:
@@ -92,7 +103,8 @@ def main() -> None:
     ap.add_argument("models", nargs="+", help=f"of {list(CASES)}")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=5, help="runs per side and round")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds")
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--cpu", action="store_true", help="ours in thread CPU time")
     args = ap.parse_args()
@@ -101,8 +113,8 @@ def main() -> None:
     for name in args.models:
         m = CASES[name](args.batch)
         feeds = feeds_for(m)
-        ours = ours_profile(InferenceSession(m), feeds, args.reps, clock)
-        theirs = ort_profile(m, feeds, args.reps, args.threads)
+        ours, theirs, our_model = profiles(m, feeds, args.rounds, args.reps, args.threads,
+                                           clock)
         print(f"== {name} batch {args.batch}, {args.threads} thread(s): ours "
               f"{sum(t for _, t in ours.values()) * 1e3:.2f} ms in nodes, ORT "
               f"{sum(t for _, t in theirs.values()) * 1e3:.2f} ms in nodes")
@@ -114,7 +126,7 @@ def main() -> None:
         by_ours_name = {}
         for k, v in theirs.items():
             base = k[: -len("_nchwc")] if k.endswith("_nchwc") else k
-            by_ours_name[fused_root(ours_profile.model, base, v[0])] = v
+            by_ours_name[fused_root(our_model, base, v[0])] = v
         for k, (op, t) in sorted(ours.items(), key=lambda kv: -kv[1][1])[: args.top]:
             ort_t = by_ours_name.get(k, (None, None))[1]
             ort_s = f"{ort_t * 1e3:.3f}" if ort_t is not None else "-"
