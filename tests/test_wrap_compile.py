@@ -702,6 +702,40 @@ def test_unsupported_calls_fall_back_to_torch_inside_the_graph():
     assert ours == {"act"}, ours  # silu only; conv 'same', indices, inplace: torch
 
 
+def test_a_norm_of_a_permuted_input_stays_in_the_compiled_graph_as_torchs():
+    """ConvNeXt-style channels-last blocks: a LayerNorm (or RMSNorm) over a permuted view
+    is left to Inductor, which reads the permutation in its fused kernel where ours would
+    copy the input contiguous first; a contiguous one is ours. Values and gradients match
+    torch either way."""
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_last, self.ln_flat = nn.LayerNorm(6), nn.LayerNorm(6)
+            self.rms = nn.RMSNorm(6)
+
+        def forward(self, x):
+            h = self.rms(self.ln_last(x.permute(0, 2, 3, 1)))  # channels last: a view
+            return self.ln_flat(h.reshape(-1, 6)).square().sum()
+
+    rec = GraphRecorder()
+    m = Block()
+    ref = copy.deepcopy(m)
+    cm = torch.compile(wrap(m, fallback="silent", select="ours", compile_kernels="ours"),
+                       backend=rec)
+    x = torch.randn(2, 6, 3, 5, requires_grad=True)
+    xr = x.detach().clone().requires_grad_()
+    y, yr = cm(x), ref(xr)
+    torch.testing.assert_close(y, yr, rtol=1e-5, atol=1e-5)
+    y.backward()
+    yr.backward()
+    torch.testing.assert_close(x.grad, xr.grad, rtol=1e-5, atol=1e-5)
+    # ln_last's input is the permuted view: torch's; rms and ln_flat read contiguous
+    # tensors: ours
+    assert any(t.startswith("ortcpu.layer_norm.") for t in rec.forward), rec.forward
+    assert any("native_layer_norm" in t for t in rec.forward), rec.forward
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["mlp", "cnn"])
 def test_inductor_compiles_once_and_trains_like_torch(kind):

@@ -154,8 +154,12 @@ def _norm_dims(input, normalized_shape, *params):
     return len(shp)
 
 
+# A norm over a permuted input (ConvNeXt's channels-last blocks) stays Inductor's: ours
+# would copy it contiguous first, where Inductor reads the permutation inside its fused
+# norm kernel. ConvNeXt-style, compiled wrapped vs eager wrapped, 5 separate processes
+# each: 0.96-1.03x (median 0.98x) with ours, 0.97-1.06x (median 1.03x) without.
 def _layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
-    if not _floats(input, weight, bias):
+    if not _floats(input, weight, bias) or not input.is_contiguous():
         return NotImplemented
     ndim = _norm_dims(input, normalized_shape, weight, bias)
     if ndim is None:
@@ -164,7 +168,7 @@ def _layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
 
 
 def _rms_norm(input, normalized_shape, weight=None, eps=None):
-    if not _floats(input, weight):
+    if not _floats(input, weight) or not input.is_contiguous():
         return NotImplemented
     ndim = _norm_dims(input, normalized_shape, weight)
     if ndim is None:
