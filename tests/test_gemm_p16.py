@@ -310,6 +310,50 @@ def test_claimed_units_give_the_same_bits_on_any_thread_count():
         assert torch.equal(y, outs[0][0]) and torch.equal(y1, outs[0][1])
 
 
+def _blocked(x):
+    n, c, h, w = x.shape
+    return x.reshape(n, c // 16, 16, h * w).permute(0, 1, 3, 2).contiguous()
+
+
+@needs_conv1x1
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("nb,k,n,hw", [(1, 16, 16, (3, 5)), (2, 32, 48, (7, 7)),
+                                       (3, 64, 96, (1, 1)), (1, 320, 32, (9, 11)),
+                                       (2, 48, 64, (23, 23))])
+def test_conv1x1_nchw16c_matches_float64(threads, nb, k, n, hw):
+    """The channel-blocked 1x1 ([N][C/16][P][16] in and out): one panel and odd panel
+    counts, partial position tiles, a 1x1 map, a reduction in slices (k = 320), position
+    chunks split over threads; bias, residual (blocked too) and ReLU."""
+    from ortcpu_torch._native import ptr
+
+    g = torch.Generator().manual_seed(10)
+    x = torch.randn(nb, k, *hw, generator=g)
+    wt = torch.randn(n, k, generator=g)
+    b, r = torch.randn(n, generator=g), torch.randn(nb, n, *hw, generator=g)
+    pw = PackedWeight.pack(wt, True)
+    full = F.conv2d(x.double(), wt.double()[:, :, None, None], b.double())
+    for bias, res, relu in itertools.product((None, b), (None, r), (0, 1)):
+        ref = full - (0 if bias is not None else b.double()[:, None, None])
+        ref = ref if res is None else ref + res.double()
+        ref = ref.relu() if relu else ref
+        y = torch.full((nb, n // 16, hw[0] * hw[1], 16), float("nan"))
+        assert lib.ortcpu_conv1x1_nchw16c(nb, n, k, hw[0] * hw[1], ptr(_blocked(x)),
+                                          ptr(pw.data), ptr(bias),
+                                          ptr(None if res is None else _blocked(res)),
+                                          relu, ptr(y), threads) == 0
+        assert_close(y, _blocked(ref.float()), rtol=1e-5, atol=1e-5 * k ** 0.5,
+                     msg=f"{bias is None} {res is None} {relu}")
+
+
+@needs_conv1x1
+def test_conv1x1_nchw16c_takes_whole_channel_blocks_only():
+    from ortcpu_torch._native import ffi
+
+    for n, k in ((17, 16), (16, 40)):
+        assert lib.ortcpu_conv1x1_nchw16c(1, n, k, 4, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL,
+                                          0, ffi.NULL, 1) != 0
+
+
 @needs_conv1x1
 def test_conv_p16_rejects_groups_and_negative_pads():
     from ortcpu_torch._native import ffi

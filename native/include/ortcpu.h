@@ -686,6 +686,14 @@ int ortcpu_conv1x1_p16(int64_t nb, int64_t n, int64_t k, int64_t p, const float 
 int ortcpu_conv1x1s_p16(int64_t nb, int64_t n, int64_t k, int64_t h, int64_t w, int64_t sh,
                         int64_t sw, const float *x, const float *packed, const float *bias,
                         const float *res, int relu, float *y, int64_t ystride, int nthreads);
+/* conv1x1_nchw16c: the 1x1 convolution of conv1x1_p16 on channel-blocked tensors (the
+ * layout onnxruntime's NCHWc kernels keep between layers): X [nb][k/16][p][16] ->
+ * Y [nb][n/16][p][16], res in Y's layout, n and k multiples of 16, W packed as for
+ * conv1x1_p16. The first kernel of a blocked-layout path for the graph executor (issue
+ * 15), not bound by it yet; benchmarks/nchw16c.py measures it against conv1x1_p16. */
+int ortcpu_conv1x1_nchw16c(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
+                           const float *packed, const float *bias, const float *res,
+                           int relu, float *y, int nthreads);
 /* lrn (lrn.c): ONNX LRN across channels on float32 NCHW x [n][c][p] (p = the spatial
  * size) into y (not x): y = x / (bias + alpha / size * sum of x^2 over the channel window
  * [c - floor((size-1)/2), c + ceil((size-1)/2)] clipped to [0, c))^beta. */
