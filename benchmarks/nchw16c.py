@@ -1,9 +1,10 @@
-"""Channel-blocked (NCHW16c) against NCHW 1x1 convolutions, as a chain: three
-resnet50-style bottleneck blocks of 1x1s (C -> M -> M -> C, ReLU, residual add), run on
-``conv1x1_p16`` (NCHW, what the graph executor runs today) and on ``conv1x1_nchw16c``
-(the same tile on blocked tensors, whose rows leave as whole zmm rows), alternating chain
-by chain; each layer reads the previous one's output, as in a graph. Medians of
-``--rounds``, GFLOP/s in brackets. AVX-512 builds only.
+"""Channel-blocked (NCHW16c) against NCHW convolutions, as a chain: three resnet50
+bottleneck blocks (1x1 C -> M, 3x3 M -> M, 1x1 M -> C + the block's input, ReLU after
+each), run on ``conv1x1_p16`` / ``conv_p16`` (NCHW, the graph executor's AVX-512 "gemm"
+candidate) and on ``conv1x1_nchw16c`` / ``conv_nchw16c`` (the same tile on blocked
+tensors, whose rows leave as whole zmm rows), alternating chain by chain; each layer
+reads the previous one's output, as in a graph. Medians of ``--rounds``, GFLOP/s in
+brackets. AVX-512 builds only.
 
 This measures the layout, not the executor: what a blocked-layout path between Convs
 (onnxruntime's NCHWc) would win on the layers where issue 15's profiles put ours behind.
@@ -21,7 +22,7 @@ import time
 
 import torch
 
-from ortcpu_torch._native import check_status, get_num_threads, lib, ptr
+from ortcpu_torch._native import check_status, ffi, get_num_threads, lib, ptr
 from ortcpu_torch.kernels.gemm import PackedWeight
 
 from ._util import ForeignLoad, isa_line, machine_info, set_threads, write_results
@@ -42,45 +43,68 @@ def from_blocked(xb: torch.Tensor, h: int, w: int) -> torch.Tensor:
     return xb.permute(0, 1, 3, 2).reshape(n, cb * 16, h, w)
 
 
-def conv_nchw(x, pw, b, r, relu):
+class Layer:
+    """One Conv of a chain: its weight packed for both layouts, bias, geometry."""
+
+    def __init__(self, w: torch.Tensor, b: torch.Tensor, hw: int):
+        m, c, k, _ = w.shape
+        pad = k // 2
+        self.k, self.m, self.b = k, m, b
+        self.nchw = PackedWeight.pack(w.reshape(m, -1), True)
+        # the blocked reduction runs (channel block, tap, channel in block)
+        wb = w.reshape(m, c // 16, 16, k, k).permute(0, 1, 3, 4, 2).reshape(m, -1)
+        self.blocked = PackedWeight.pack(wb.contiguous(), True)
+        self.geom = ffi.new("int64_t[]", [0, c, hw, hw, m, 1, k, k, hw, hw, 1, 1, pad, pad,
+                                          1, 1])
+
+
+def conv_nchw(x, layer, r=None):
     nb, k, h, w = x.shape
-    y = torch.empty(nb, pw.n, h, w)
-    check_status(lib.ortcpu_conv1x1_p16(nb, pw.n, k, h * w, ptr(x), ptr(pw.data), ptr(b),
-                                        ptr(r), int(relu), ptr(y), 0, get_num_threads()),
-                 "conv1x1_p16")
+    y = torch.empty(nb, layer.m, h, w)
+    if layer.k == 1:
+        st = lib.ortcpu_conv1x1_p16(nb, layer.m, k, h * w, ptr(x), ptr(layer.nchw.data),
+                                    ptr(layer.b), ptr(r), 1, ptr(y), 0, get_num_threads())
+    else:
+        layer.geom[0] = nb
+        st = lib.ortcpu_conv_p16(ptr(x), ptr(layer.nchw.data), ptr(layer.b), ptr(r), 1,
+                                 ptr(y), 0, layer.geom, get_num_threads())
+    check_status(st, "conv (NCHW)")
     return y
 
 
-def conv_blocked(x, pw, b, r, relu):
+def conv_blocked(x, layer, r=None):
     nb, kb, p, _ = x.shape
-    y = torch.empty(nb, pw.n // 16, p, 16)
-    check_status(lib.ortcpu_conv1x1_nchw16c(nb, pw.n, kb * 16, p, ptr(x), ptr(pw.data),
-                                            ptr(b), ptr(r), int(relu), ptr(y),
-                                            get_num_threads()), "conv1x1_nchw16c")
+    y = torch.empty(nb, layer.m // 16, p, 16)
+    if layer.k == 1:
+        st = lib.ortcpu_conv1x1_nchw16c(nb, layer.m, kb * 16, p, ptr(x),
+                                        ptr(layer.blocked.data), ptr(layer.b), ptr(r), 1,
+                                        ptr(y), get_num_threads())
+    else:
+        layer.geom[0] = nb
+        st = lib.ortcpu_conv_nchw16c(ptr(x), ptr(layer.blocked.data), ptr(layer.b), ptr(r),
+                                     1, ptr(y), layer.geom, get_num_threads())
+    check_status(st, "conv (NCHW16c)")
     return y
 
 
-def bottlenecks(c: int, m: int, blocks: int = 3, seed: int = 0) -> list:
+def bottlenecks(c: int, m: int, hw: int, blocks: int = 3, seed: int = 0) -> list:
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(blocks):
-        ws = [torch.randn(m, c, generator=g) * c ** -0.5,
-              torch.randn(m, m, generator=g) * m ** -0.5,
-              torch.randn(c, m, generator=g) * m ** -0.5]
-        out.append([(PackedWeight.pack(w, True), torch.randn(w.shape[0], generator=g) * 0.1)
-                    for w in ws])
+        shapes = [(m, c, 1), (m, m, 3), (c, m, 1)]
+        out.append([Layer(torch.randn(o, i, k, k, generator=g) * (i * k * k) ** -0.5,
+                          torch.randn(o, generator=g) * 0.1, hw) for o, i, k in shapes])
     return out
 
 
 def run_chain(conv, blocks, x):
-    for (pa, ba), (pb, bb), (pc, bc) in blocks:
-        h = conv(conv(x, pa, ba, None, True), pb, bb, None, True)
-        x = conv(h, pc, bc, x, True)
+    for a, b, c in blocks:
+        x = conv(conv(conv(x, a), b), c, x)
     return x
 
 
 def measure(batch: int, c: int, m: int, hw: int, rounds: int) -> dict:
-    blocks = bottlenecks(c, m)
+    blocks = bottlenecks(c, m, hw)
     x = torch.randn(batch, c, hw, hw)
     xb = to_blocked(x)
     same = torch.allclose(from_blocked(run_chain(conv_blocked, blocks, xb), hw, hw),
@@ -92,7 +116,7 @@ def measure(batch: int, c: int, m: int, hw: int, rounds: int) -> dict:
             t0 = time.perf_counter()
             run_chain(conv, blocks, inp)
             times[name].append(time.perf_counter() - t0)
-    flops = 3 * 2 * batch * hw * hw * (2 * c * m + m * m)
+    flops = 3 * 2 * batch * hw * hw * (2 * c * m + 9 * m * m)
     med = {k: statistics.median(v) for k, v in times.items()}
     return {"batch": batch, "C": c, "M": m, "hw": hw, "same_results": same,
             "nchw_ms": med["nchw"] * 1e3, "nchw16c_ms": med["nchw16c"] * 1e3,
@@ -102,8 +126,9 @@ def measure(batch: int, c: int, m: int, hw: int, rounds: int) -> dict:
 
 
 def markdown(info: dict, rows: list, load: dict) -> str:
-    lines = [f"1x1 bottleneck chains (3 blocks of C -> M -> M -> C, ReLU, residual), NCHW "
-             f"(`conv1x1_p16`) vs channel-blocked NCHW16c (`conv1x1_nchw16c`), "
+    lines = [f"Bottleneck chains (3 blocks: 1x1 C -> M, 3x3 M -> M, 1x1 M -> C + input, "
+             f"ReLU), NCHW (`conv1x1_p16`, `conv_p16`) vs channel-blocked NCHW16c "
+             f"(`conv1x1_nchw16c`, `conv_nchw16c`), "
              f"{info['threads']} threads, wall time, medians of alternating rounds; other "
              f"processes used {load['foreign_share']:.0%} of the CPU.", "", isa_line(), "",
              "| batch | C -> M | map | NCHW ms (GFLOP/s) | NCHW16c ms (GFLOP/s) | "

@@ -346,6 +346,37 @@ def test_conv1x1_nchw16c_matches_float64(threads, nb, k, n, hw):
 
 
 @needs_conv1x1
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("nb,c,m,h,w,k,s,p,d", [(2, 16, 32, 9, 11, 3, 1, 1, 1),
+                                                (1, 32, 48, 14, 14, 3, 2, 1, 1),
+                                                (1, 16, 16, 7, 7, 1, 2, 0, 1),
+                                                (2, 32, 16, 12, 10, 5, 1, 4, 2),
+                                                (1, 48, 32, 6, 6, 3, 1, 0, 1)])
+def test_conv_nchw16c_matches_float64(threads, nb, c, m, h, w, k, s, p, d):
+    """The implicit-GEMM convolution on channel-blocked tensors (padded per 16-channel
+    plane, the reduction in (block, tap, channel) order): stride 1 and 2, a strided 1x1,
+    a dilated 5x5, no padding; bias, blocked residual and ReLU."""
+    from ortcpu_torch._native import ffi, ptr
+
+    g = torch.Generator().manual_seed(11)
+    x, wt = torch.randn(nb, c, h, w, generator=g), torch.randn(m, c, k, k, generator=g)
+    ref = F.conv2d(x.double(), wt.double(), None, s, p, d)
+    b, r = torch.randn(m, generator=g), torch.randn(ref.shape, generator=g)
+    ref = (ref + b.double()[:, None, None] + r.double()).relu()
+    oh, ow = ref.shape[2:]
+    wb = wt.reshape(m, c // 16, 16, k, k).permute(0, 1, 3, 4, 2).reshape(m, -1)
+    pw = PackedWeight.pack(wb.contiguous(), True)
+    geom = ffi.new("int64_t[]", [nb, c, h, w, m, 1, k, k, oh, ow, s, s, p, p, d, d])
+    y = torch.full((nb, m // 16, oh * ow, 16), float("nan"))
+    assert lib.ortcpu_conv_nchw16c(ptr(_blocked(x)), ptr(pw.data), ptr(b),
+                                   ptr(_blocked(r.float())), 1, ptr(y), geom, threads) == 0
+    assert_close(y, _blocked(ref.float()), rtol=1e-5, atol=1e-5 * (c * k * k) ** 0.5)
+    geom[1] = 24  # not whole channel blocks
+    assert lib.ortcpu_conv_nchw16c(ptr(x), ptr(pw.data), ptr(b), ffi.NULL, 0, ptr(y), geom,
+                                   threads) != 0
+
+
+@needs_conv1x1
 def test_conv1x1_nchw16c_takes_whole_channel_blocks_only():
     from ortcpu_torch._native import ffi
 

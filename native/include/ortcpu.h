@@ -690,10 +690,20 @@ int ortcpu_conv1x1s_p16(int64_t nb, int64_t n, int64_t k, int64_t h, int64_t w, 
  * layout onnxruntime's NCHWc kernels keep between layers): X [nb][k/16][p][16] ->
  * Y [nb][n/16][p][16], res in Y's layout, n and k multiples of 16, W packed as for
  * conv1x1_p16. The first kernel of a blocked-layout path for the graph executor (issue
- * 15), not bound by it yet; benchmarks/nchw16c.py measures it against conv1x1_p16. */
+ * 15), not bound by it yet; benchmarks/nchw16c.py measures chains of both layouts (with
+ * this tile, so far 0.88-1.13x of NCHW depending on shape and host: not yet the win the
+ * layout gives onnxruntime). */
 int ortcpu_conv1x1_nchw16c(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
                            const float *packed, const float *bias, const float *res,
                            int relu, float *y, int nthreads);
+/* conv_nchw16c: conv_p16 on channel-blocked tensors, X [nb][c/16][H][W][16] ->
+ * Y [nb][m/16][OH][OW][16] (res likewise), c and m multiples of 16; W packed as for
+ * conv_p16 but with its reduction ordered (channel block, ky, kx, channel in block):
+ * W [m][c/16][16][kh][kw] permuted to [m][c/16][kh][kw][16]. Not bound by the executor
+ * yet (see conv1x1_nchw16c). */
+int ortcpu_conv_nchw16c(const float *x, const float *packed, const float *bias,
+                        const float *res, int relu, float *y, const int64_t *geom,
+                        int nthreads);
 /* lrn (lrn.c): ONNX LRN across channels on float32 NCHW x [n][c][p] (p = the spatial
  * size) into y (not x): y = x / (bias + alpha / size * sum of x^2 over the channel window
  * [c - floor((size-1)/2), c + ceil((size-1)/2)] clipped to [0, c))^beta. */

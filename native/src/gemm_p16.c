@@ -527,6 +527,7 @@ typedef struct {
     float *y;
     int64_t ystride; /* elements per sample of y */
     int relu;
+    int blocked; /* conv_nchw16c: X, Y and res channel-blocked, positions 16 floats apart */
 } cg_ctx;
 
 /* units [u0, u1): unit u is output row u % oh of one sample and one panel pair, ordered
@@ -547,18 +548,22 @@ cg_units(const cg_ctx *g, int64_t u0, int64_t u1)
         int64_t w0 = n - j0 < P16 ? n - j0 : P16;
         int64_t w1 = pb ? (n - j0 - P16 < P16 ? n - j0 - P16 : P16) : 0;
         const float *bj = g->bias ? g->bias + j0 : NULL;
+        const int64_t pm = g->blocked ? P16 : 1; /* floats from one position to the next */
         const float *xrow = g->x + smp * g->sample + oy * g->sh * g->row;
-        int64_t roff = (smp * n + j0) * p + oy * g->ow;
-        int64_t yoff = smp * g->ystride + j0 * p + oy * g->ow;
+        int64_t roff = (smp * n + j0) * p + oy * g->ow * pm;
+        int64_t yoff = smp * g->ystride + j0 * p + oy * g->ow * pm;
         if (!g->pair_major) p16_fetch_next_pair(g->packed, q, panels, k, oy, g->oh);
         for (int64_t ox = 0; ox < g->ow; ox += P16_R512) {
-            const float *xb = xrow + ox * g->sw;
-            const float *ri = g->res ? g->res + roff + ox : NULL;
-            float *yi = g->y + yoff + ox;
+            const float *xb = xrow + ox * g->sw * pm;
+            const float *ri = g->res ? g->res + roff + ox * pm : NULL;
+            float *yi = g->y + yoff + ox * pm;
             int R = (int)(g->ow - ox < P16_R512 ? g->ow - ox : P16_R512);
 #define CG_CASE(r)                                                                          \
     case r:                                                                                 \
-        if (g->sw == 1)                                                                     \
+        if (g->blocked)                                                                     \
+            cg_tile(r, 0, 1, xb, g->off, 0, g->sw * P16, pa, pb, 0, k, k, NULL, bj, ri,     \
+                    g->relu, yi, p, w0, w1);                                                \
+        else if (g->sw == 1)                                                                \
             cg_tile(r, 1, 0, xb, g->off, 0, 1, pa, pb, 0, k, k, NULL, bj, ri, g->relu, yi,  \
                     p, w0, w1);                                                             \
         else                                                                                \
@@ -574,8 +579,12 @@ cg_units(const cg_ctx *g, int64_t u0, int64_t u1)
     }
 }
 
-int ortcpu_conv_p16(const float *x, const float *packed, const float *bias, const float *res,
-                    int relu, float *y, int64_t ystride, const int64_t *geom, int nthreads)
+/* conv_p16, or with ``blocked`` conv_nchw16c: X [nb][c/16][H][W][16] (padded the same
+ * way, per 16-channel plane), the reduction ordered (channel block, tap, channel) so a
+ * block's 16 steps read the same lines, Y and res [nb][m/16][OH*OW][16] */
+static int cg_run(const float *x, const float *packed, const float *bias, const float *res,
+                  int relu, float *y, int64_t ystride, const int64_t *geom, int nthreads,
+                  int blocked)
 {
     int64_t nb = geom[0], c = geom[1], h = geom[2], w = geom[3], m = geom[4];
     int64_t kh = geom[6], kw = geom[7], oh = geom[8], ow = geom[9], sh = geom[10];
@@ -593,7 +602,7 @@ int ortcpu_conv_p16(const float *x, const float *packed, const float *bias, cons
     int64_t PH = (oh - 1) * sh + (kh - 1) * dh + 1, PW = (ow - 1) * sw + (kw - 1) * dw + 1;
     if (PH < pt + h) PH = pt + h;
     if (PW < pl + w) PW = pl + w;
-    int64_t k = c * kh * kw, plane = PH * PW;
+    int64_t k = c * kh * kw, plane = PH * PW, cb = blocked ? P16 : 1;
     int copy = pt || pl || PH != h || PW != w;
     size_t xbytes = copy ? (size_t)(nb * c * plane) * sizeof(float) : 0;
     int64_t *off = ort_scratch((size_t)k * sizeof(int64_t));
@@ -603,34 +612,43 @@ int ortcpu_conv_p16(const float *x, const float *packed, const float *bias, cons
         ort_scratch_free(xp);
         return ort_fail(ORTCPU_E_OUT_OF_MEMORY, "conv_p16: scratch");
     }
-    for (int64_t ci = 0, kk = 0; ci < c; ci++)
-        for (int64_t ky = 0; ky < kh; ky++)
-            for (int64_t kx = 0; kx < kw; kx++) off[kk++] = ci * plane + ky * dh * PW + kx * dw;
+    if (blocked)
+        for (int64_t b = 0, kk = 0; b < c / P16; b++)
+            for (int64_t ky = 0; ky < kh; ky++)
+                for (int64_t kx = 0; kx < kw; kx++)
+                    for (int64_t ci = 0; ci < P16; ci++)
+                        off[kk++] = (b * plane + ky * dh * PW + kx * dw) * P16 + ci;
+    else
+        for (int64_t ci = 0, kk = 0; ci < c; ci++)
+            for (int64_t ky = 0; ky < kh; ky++)
+                for (int64_t kx = 0; kx < kw; kx++)
+                    off[kk++] = ci * plane + ky * dh * PW + kx * dw;
     int64_t pairs = ((m + P16 - 1) / P16 + 1) / 2, units = nb * pairs * oh;
     int t = nthreads < 1 ? 1 : nthreads;
     if (2.0 * (double)nb * (double)m * (double)k * (double)(oh * ow) < 1e6 || units < 2 * t ||
         omp_in_parallel())
         t = 1;
     int64_t next = 0; /* the next unclaimed unit */
-    cg_ctx g = {nb, m, k, oh, ow, sh, sw, c * plane, PW, 2 * P16 * k > c * plane,
-                copy ? xp : x, off, packed, bias, res, y, ystride, relu};
+    cg_ctx g = {nb, m, k, oh, ow, sh, sw, c * plane, PW * cb, 2 * P16 * k > c * plane,
+                copy ? xp : x, off, packed, bias, res, y, ystride, relu, blocked};
 #pragma omp parallel num_threads(t) if (t > 1)
     {
         int id = omp_get_thread_num(), nt = omp_get_num_threads();
-        if (copy) { /* each thread pads its share of the planes */
-            int64_t planes = nb * c, per = (planes + nt - 1) / nt, p0 = id * per;
+        if (copy) { /* each thread pads its share of the planes (of cb channels each) */
+            int64_t planes = nb * c / cb, per = (planes + nt - 1) / nt, p0 = id * per;
             int64_t p1 = p0 + per < planes ? p0 + per : planes;
+            const size_t f = sizeof(float) * (size_t)cb;
             for (int64_t pi = p0; pi < p1; pi++) {
-                float *d = xp + pi * plane;
-                const float *sx = x + pi * h * w;
-                memset(d, 0, (size_t)(pt * PW) * sizeof(float));
+                float *d = xp + pi * plane * cb;
+                const float *sx = x + pi * h * w * cb;
+                memset(d, 0, (size_t)(pt * PW) * f);
                 for (int64_t r = 0; r < h; r++) {
-                    float *dr = d + (pt + r) * PW;
-                    memset(dr, 0, (size_t)pl * sizeof(float));
-                    memcpy(dr + pl, sx + r * w, (size_t)w * sizeof(float));
-                    memset(dr + pl + w, 0, (size_t)(PW - pl - w) * sizeof(float));
+                    float *dr = d + (pt + r) * PW * cb;
+                    memset(dr, 0, (size_t)pl * f);
+                    memcpy(dr + pl * cb, sx + r * w * cb, (size_t)w * f);
+                    memset(dr + (pl + w) * cb, 0, (size_t)(PW - pl - w) * f);
                 }
-                memset(d + (pt + h) * PW, 0, (size_t)((PH - pt - h) * PW) * sizeof(float));
+                memset(d + (pt + h) * PW * cb, 0, (size_t)((PH - pt - h) * PW) * f);
             }
 #pragma omp barrier
         }
@@ -644,6 +662,23 @@ int ortcpu_conv_p16(const float *x, const float *packed, const float *bias, cons
     ort_scratch_free(xp);
     ort_scratch_free(off);
     return ORTCPU_OK;
+}
+
+int ortcpu_conv_p16(const float *x, const float *packed, const float *bias, const float *res,
+                    int relu, float *y, int64_t ystride, const int64_t *geom, int nthreads)
+{
+    return cg_run(x, packed, bias, res, relu, y, ystride, geom, nthreads, 0);
+}
+
+int ortcpu_conv_nchw16c(const float *x, const float *packed, const float *bias,
+                        const float *res, int relu, float *y, const int64_t *geom,
+                        int nthreads)
+{
+    if (geom[1] % P16 || geom[4] % P16)
+        return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv_nchw16c: channels must be "
+                        "multiples of 16, got %lld -> %lld", (long long)geom[1],
+                        (long long)geom[4]);
+    return cg_run(x, packed, bias, res, relu, y, 0, geom, nthreads, 1);
 }
 
 int ortcpu_conv_p16_available(void) { return 1; }
@@ -858,6 +893,16 @@ int ortcpu_conv_p16(const float *x, const float *packed, const float *bias, cons
     (void)x; (void)packed; (void)bias; (void)res; (void)relu; (void)y; (void)ystride;
     (void)geom; (void)nthreads;
     return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv_p16: not in this build (x86-64-v4 only)");
+}
+
+int ortcpu_conv_nchw16c(const float *x, const float *packed, const float *bias,
+                        const float *res, int relu, float *y, const int64_t *geom,
+                        int nthreads)
+{
+    (void)x; (void)packed; (void)bias; (void)res; (void)relu; (void)y; (void)geom;
+    (void)nthreads;
+    return ort_fail(ORTCPU_E_INVALID_ARGUMENT,
+                    "conv_nchw16c: not in this build (x86-64-v4 only)");
 }
 
 int ortcpu_conv_p16_available(void) { return 0; }
