@@ -332,15 +332,14 @@ def test_conv1x1_nchw16c_matches_float64(threads, nb, k, n, hw):
     b, r = torch.randn(n, generator=g), torch.randn(nb, n, *hw, generator=g)
     pw = PackedWeight.pack(wt, True)
     full = F.conv2d(x.double(), wt.double()[:, :, None, None], b.double())
-    for bias, res, relu in itertools.product((None, b), (None, r), (0, 1)):
+    xb, rb = _blocked(x), _blocked(r)  # held: ptr() keeps no reference
+    for bias, res, relu in itertools.product((None, b), (None, rb), (0, 1)):
         ref = full - (0 if bias is not None else b.double()[:, None, None])
-        ref = ref if res is None else ref + res.double()
+        ref = ref if res is None else ref + r.double()
         ref = ref.relu() if relu else ref
         y = torch.full((nb, n // 16, hw[0] * hw[1], 16), float("nan"))
-        assert lib.ortcpu_conv1x1_nchw16c(nb, n, k, hw[0] * hw[1], ptr(_blocked(x)),
-                                          ptr(pw.data), ptr(bias),
-                                          ptr(None if res is None else _blocked(res)),
-                                          relu, ptr(y), threads) == 0
+        assert lib.ortcpu_conv1x1_nchw16c(nb, n, k, hw[0] * hw[1], ptr(xb), ptr(pw.data),
+                                          ptr(bias), ptr(res), relu, ptr(y), threads) == 0
         assert_close(y, _blocked(ref.float()), rtol=1e-5, atol=1e-5 * k ** 0.5,
                      msg=f"{bias is None} {res is None} {relu}")
 
@@ -368,8 +367,9 @@ def test_conv_nchw16c_matches_float64(threads, nb, c, m, h, w, k, s, p, d):
     pw = PackedWeight.pack(wb.contiguous(), True)
     geom = ffi.new("int64_t[]", [nb, c, h, w, m, 1, k, k, oh, ow, s, s, p, p, d, d])
     y = torch.full((nb, m // 16, oh * ow, 16), float("nan"))
-    assert lib.ortcpu_conv_nchw16c(ptr(_blocked(x)), ptr(pw.data), ptr(b),
-                                   ptr(_blocked(r.float())), 1, ptr(y), geom, threads) == 0
+    xb, rb = _blocked(x), _blocked(r)  # held: ptr() keeps no reference
+    assert lib.ortcpu_conv_nchw16c(ptr(xb), ptr(pw.data), ptr(b), ptr(rb), 1, ptr(y), geom,
+                                   threads) == 0
     assert_close(y, _blocked(ref.float()), rtol=1e-5, atol=1e-5 * (c * k * k) ** 0.5)
     geom[1] = 24  # not whole channel blocks
     assert lib.ortcpu_conv_nchw16c(ptr(x), ptr(pw.data), ptr(b), ffi.NULL, 0, ptr(y), geom,
