@@ -319,11 +319,14 @@ def _blocked(x):
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("nb,k,n,hw", [(1, 16, 16, (3, 5)), (2, 32, 48, (7, 7)),
                                        (3, 64, 96, (1, 1)), (1, 320, 32, (9, 11)),
-                                       (2, 48, 64, (23, 23))])
+                                       (2, 48, 64, (23, 23)), (1, 320, 128, (9, 11)),
+                                       (3, 16, 192, (5, 5))])
 def test_conv1x1_nchw16c_matches_float64(threads, nb, k, n, hw):
-    """The channel-blocked 1x1 ([N][C/16][P][16] in and out): one panel and odd panel
-    counts, partial position tiles, a 1x1 map, a reduction in slices (k = 320), position
-    chunks split over threads; bias, residual (blocked too) and ReLU."""
+    """The channel-blocked 1x1 ([N][C/16][P][16] in and out): the 6 x 64 tile where the
+    output channels are a multiple of 64 (partial tiles of 1-5 positions, several
+    groups of 4 panels), else the 8 x 32 one (one panel, odd panel counts, a reduction in
+    slices at k = 320); a 1x1 map, position chunks split over threads; bias, residual
+    (blocked too) and ReLU."""
     from ortcpu_torch._native import ptr
 
     g = torch.Generator().manual_seed(10)
