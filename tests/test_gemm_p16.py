@@ -353,11 +353,16 @@ def test_conv1x1_nchw16c_matches_float64(threads, nb, k, n, hw):
                                                 (1, 32, 48, 14, 14, 3, 2, 1, 1),
                                                 (1, 16, 16, 7, 7, 1, 2, 0, 1),
                                                 (2, 32, 16, 12, 10, 5, 1, 4, 2),
-                                                (1, 48, 32, 6, 6, 3, 1, 0, 1)])
+                                                (1, 48, 32, 6, 6, 3, 1, 0, 1),
+                                                (2, 16, 128, 9, 11, 3, 1, 1, 1),
+                                                (1, 32, 64, 14, 13, 3, 2, 1, 1),
+                                                (1, 64, 64, 8, 8, 5, 1, 4, 2)])
 def test_conv_nchw16c_matches_float64(threads, nb, c, m, h, w, k, s, p, d):
     """The implicit-GEMM convolution on channel-blocked tensors (padded per 16-channel
-    plane, the reduction in (block, tap, channel) order): stride 1 and 2, a strided 1x1,
-    a dilated 5x5, no padding; bias, blocked residual and ReLU."""
+    plane, the reduction in (block, tap, channel) order), on the 8 x 32 tile and, for
+    output channels in groups of 64, the 6 x 64 one (rows of 1-5 leftover positions):
+    stride 1 and 2, a strided 1x1, dilated 5x5s, no padding; bias, blocked residual and
+    ReLU."""
     from ortcpu_torch._native import ffi, ptr
 
     g = torch.Generator().manual_seed(11)

@@ -332,6 +332,73 @@ cb_store(const __m512 c[8], int R, const float *restrict res, int relu, float *r
     }
 }
 
+/* ---- channel-blocked tensors on a wider tile (conv1x1_nchw16c and conv_nchw16c where
+ * the output channels are a multiple of 64) ------------------------------------------
+ * 6 positions (s floats apart) x 64 output channels (4 panels): 24 accumulators, and a reduction step is
+ * 4 panel loads and 6 broadcasts for 24 FMAs, where the 8 x 32 tile takes 10 loads for 16
+ * (onnxruntime's NCHWc kernels use this shape). On blocked X a step's 6 positions are 6
+ * lines, which serve the block's 16 steps. Zen 5, interleaved with conv1x1_p16 (NCHW) and
+ * the 8 x 32 tile on blocked tensors: +0-23% over NCHW on one thread, +1-17% on two,
+ * where the 8 x 32 tile on blocked tensors ran 0.85-1.0x NCHW. */
+#define CQ_R 6
+/* the longest reduction on this tile (resnet50's 14x14 3x3s, 576 KB of panels): a unit
+ * streams its 4 panels (256 bytes a step) once
+ * per tile, so they must stay in L2 (1 MB) beside the rest; longer ones run the 8 x 32
+ * tile, whose reductions run in slices or pair-major (resnet50's 7x7 512 -> 512 3x3,
+ * k = 4608: 0.56x of NCHW on this tile) */
+#define CQ_MAX_K 2304
+
+/* the length of tile t of a run of len positions cut into ceil(len / CQ_R) tiles of
+ * near-equal lengths: no leftover tile of 1-2 positions, whose 4-8 accumulators leave
+ * the FMA units waiting on their latency (a 7-wide 3x3 row as 6 + 1: 0.6x of NCHW) */
+static inline int cq_len(int64_t len, int64_t t)
+{
+    int64_t tiles = (len + CQ_R - 1) / CQ_R, base = len / tiles;
+    return (int)(base + (t < len % tiles));
+}
+
+__attribute__((target("arch=x86-64-v4"), always_inline)) static inline void
+cq_tile(int R, const float *restrict xb, const int64_t *restrict off, int64_t s,
+        const float *restrict pk, int64_t k, const float *restrict bias, const float *res,
+        int relu, float *y, int64_t p)
+{
+    __m512 c[4][CQ_R];
+#pragma GCC unroll 6
+    for (int i = 0; i < CQ_R; i++)
+        c[0][i] = c[1][i] = c[2][i] = c[3][i] = _mm512_setzero_ps();
+    const float *p0 = pk, *p1 = pk + P16 * k, *p2 = pk + 2 * P16 * k, *p3 = pk + 3 * P16 * k;
+    for (int64_t kk = 0; kk < k; kk++) {
+        _mm_prefetch((const char *)(p0 + (kk + P16_AHEAD) * P16), _MM_HINT_T0);
+        _mm_prefetch((const char *)(p1 + (kk + P16_AHEAD) * P16), _MM_HINT_T0);
+        _mm_prefetch((const char *)(p2 + (kk + P16_AHEAD) * P16), _MM_HINT_T0);
+        _mm_prefetch((const char *)(p3 + (kk + P16_AHEAD) * P16), _MM_HINT_T0);
+        __m512 b0 = _mm512_loadu_ps(p0 + kk * P16), b1 = _mm512_loadu_ps(p1 + kk * P16);
+        __m512 b2 = _mm512_loadu_ps(p2 + kk * P16), b3 = _mm512_loadu_ps(p3 + kk * P16);
+        const float *xr = xb + off[kk];
+        /* the block's lines two tiles on, one a step (as cg_tile's blocked tiles) */
+        _mm_prefetch((const char *)(xr - (kk & 15) + 2 * CQ_R * s + (kk & 7) * P16),
+                     _MM_HINT_T0);
+#pragma GCC unroll 6
+        for (int i = 0; i < R; i++) {
+            __m512 av = _mm512_set1_ps(xr[i * s]);
+            c[0][i] = _mm512_fmadd_ps(av, b0, c[0][i]);
+            c[1][i] = _mm512_fmadd_ps(av, b1, c[1][i]);
+            c[2][i] = _mm512_fmadd_ps(av, b2, c[2][i]);
+            c[3][i] = _mm512_fmadd_ps(av, b3, c[3][i]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++) {
+        __m512 bv = bias ? _mm512_loadu_ps(bias + q * P16) : _mm512_setzero_ps();
+#pragma GCC unroll 6
+        for (int i = 0; i < R; i++) {
+            c[q][i] = _mm512_add_ps(c[q][i], bv);
+            if (relu && !res) c[q][i] = _mm512_max_ps(_mm512_setzero_ps(), c[q][i]);
+        }
+        cb_store(c[q], R, res ? res + q * p * P16 : NULL, relu, y + q * p * P16);
+    }
+}
+
 /* ---- the reduction in slices ---------------------------------------------------------
  * A tile's panel pair is 128 bytes per reduction step: at k = 512 it is 64 KB, more than
  * L1, and every tile streamed it from L2 again (conv1x1_p16 on one Zen 5 core: 206 GFLOPS
@@ -590,6 +657,34 @@ cg_units(const cg_ctx *g, int64_t u0, int64_t u1)
     }
 }
 
+/* units [u0, u1) of a blocked convolution with 64-channel groups (cq_tile): unit u is
+ * output row u % oh of one sample and one group of 4 panels (sample major) */
+__attribute__((target("arch=x86-64-v4"))) static void
+cq_rows(const cg_ctx *g, int64_t u0, int64_t u1)
+{
+    int64_t n = g->n, k = g->k, p = g->oh * g->ow, quads = n / (4 * P16);
+    for (int64_t u = u0; u < u1; u++) {
+        int64_t oy = u % g->oh, r = u / g->oh, smp = r / quads, j0 = r % quads * 4 * P16;
+        const float *pk = g->packed + j0 * k, *bj = g->bias ? g->bias + j0 : NULL;
+        const float *xrow = g->x + smp * g->sample + oy * g->sh * g->row;
+        int64_t o = (smp * n + j0) * p + oy * g->ow * P16; /* y and res: the row's start */
+        for (int64_t ox = 0, t = 0, R; ox < g->ow; ox += R, t++) {
+            R = cq_len(g->ow, t);
+            const float *xb = xrow + ox * g->sw * P16;
+            const float *ri = g->res ? g->res + o + ox * P16 : NULL;
+            float *yi = g->y + o + ox * P16;
+#define CQ_ROW(r)                                                                           \
+    case r:                                                                                 \
+        cq_tile(r, xb, g->off, g->sw * P16, pk, k, bj, ri, g->relu, yi, p);                 \
+        break;
+            switch (R) {
+                CQ_ROW(6) CQ_ROW(5) CQ_ROW(4) CQ_ROW(3) CQ_ROW(2) default: CQ_ROW(1)
+            }
+#undef CQ_ROW
+        }
+    }
+}
+
 /* conv_p16, or with ``blocked`` conv_nchw16c: X [nb][c/16][H][W][16] (padded the same
  * way, per 16-channel plane), the reduction ordered (channel block, tap, channel) so a
  * block's 16 steps read the same lines, Y and res [nb][m/16][OH*OW][16] */
@@ -634,7 +729,10 @@ static int cg_run(const float *x, const float *packed, const float *bias, const 
             for (int64_t ky = 0; ky < kh; ky++)
                 for (int64_t kx = 0; kx < kw; kx++)
                     off[kk++] = ci * plane + ky * dh * PW + kx * dw;
-    int64_t pairs = ((m + P16 - 1) / P16 + 1) / 2, units = nb * pairs * oh;
+    /* blocked with whole 64-channel groups: cq_tile, a unit one group's output row */
+    int quad = blocked && m % (4 * P16) == 0 && k <= CQ_MAX_K;
+    int64_t pairs = ((m + P16 - 1) / P16 + 1) / 2;
+    int64_t units = nb * (quad ? m / (4 * P16) : pairs) * oh;
     int t = nthreads < 1 ? 1 : nthreads;
     if (2.0 * (double)nb * (double)m * (double)k * (double)(oh * ow) < 1e6 || units < 2 * t ||
         omp_in_parallel())
@@ -667,7 +765,10 @@ static int cg_run(const float *x, const float *packed, const float *bias, const 
         for (;;) {
             int64_t u0 = __atomic_fetch_add(&next, grain, __ATOMIC_RELAXED);
             if (u0 >= units) break;
-            cg_units(&g, u0, u0 + grain < units ? u0 + grain : units);
+            if (quad)
+                cq_rows(&g, u0, u0 + grain < units ? u0 + grain : units);
+            else
+                cg_units(&g, u0, u0 + grain < units ? u0 + grain : units);
         }
     }
     ort_scratch_free(xp);
@@ -793,57 +894,6 @@ int ortcpu_conv1x1_p16(int64_t nb, int64_t n, int64_t k, int64_t p, const float 
     return c1_run(nb, n, k, p, x, NULL, 0, packed, bias, res, relu, y, ystride, nthreads);
 }
 
-/* ---- channel-blocked 1x1 on a wider tile (conv1x1_nchw16c, n a multiple of 64) ------
- * 6 positions x 64 output channels (4 panels): 24 accumulators, and a reduction step is
- * 4 panel loads and 6 broadcasts for 24 FMAs, where the 8 x 32 tile takes 10 loads for 16
- * (onnxruntime's NCHWc kernels use this shape). On blocked X a step's 6 positions are 6
- * lines, which serve the block's 16 steps. Zen 5, interleaved with conv1x1_p16 (NCHW) and
- * the 8 x 32 tile on blocked tensors: +0-23% over NCHW on one thread, +1-17% on two,
- * where the 8 x 32 tile on blocked tensors ran 0.85-1.0x NCHW. */
-#define CQ_R 6
-
-__attribute__((target("arch=x86-64-v4"), always_inline)) static inline void
-cq_tile(int R, const float *restrict xb, const int64_t *restrict off,
-        const float *restrict pk, int64_t k, const float *restrict bias, const float *res,
-        int relu, float *y, int64_t p)
-{
-    __m512 c[4][CQ_R];
-#pragma GCC unroll 6
-    for (int i = 0; i < CQ_R; i++)
-        c[0][i] = c[1][i] = c[2][i] = c[3][i] = _mm512_setzero_ps();
-    const float *p0 = pk, *p1 = pk + P16 * k, *p2 = pk + 2 * P16 * k, *p3 = pk + 3 * P16 * k;
-    for (int64_t kk = 0; kk < k; kk++) {
-        _mm_prefetch((const char *)(p0 + (kk + P16_AHEAD) * P16), _MM_HINT_T0);
-        _mm_prefetch((const char *)(p1 + (kk + P16_AHEAD) * P16), _MM_HINT_T0);
-        _mm_prefetch((const char *)(p2 + (kk + P16_AHEAD) * P16), _MM_HINT_T0);
-        _mm_prefetch((const char *)(p3 + (kk + P16_AHEAD) * P16), _MM_HINT_T0);
-        __m512 b0 = _mm512_loadu_ps(p0 + kk * P16), b1 = _mm512_loadu_ps(p1 + kk * P16);
-        __m512 b2 = _mm512_loadu_ps(p2 + kk * P16), b3 = _mm512_loadu_ps(p3 + kk * P16);
-        const float *xr = xb + off[kk];
-        /* the block's lines two tiles on, one a step (as cg_tile's blocked tiles) */
-        _mm_prefetch((const char *)(xr - (kk & 15) + 2 * CQ_R * P16 + (kk & 7) * P16),
-                     _MM_HINT_T0);
-#pragma GCC unroll 6
-        for (int i = 0; i < R; i++) {
-            __m512 av = _mm512_set1_ps(xr[i * P16]);
-            c[0][i] = _mm512_fmadd_ps(av, b0, c[0][i]);
-            c[1][i] = _mm512_fmadd_ps(av, b1, c[1][i]);
-            c[2][i] = _mm512_fmadd_ps(av, b2, c[2][i]);
-            c[3][i] = _mm512_fmadd_ps(av, b3, c[3][i]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int q = 0; q < 4; q++) {
-        __m512 bv = bias ? _mm512_loadu_ps(bias + q * P16) : _mm512_setzero_ps();
-#pragma GCC unroll 6
-        for (int i = 0; i < R; i++) {
-            c[q][i] = _mm512_add_ps(c[q][i], bv);
-            if (relu && !res) c[q][i] = _mm512_max_ps(_mm512_setzero_ps(), c[q][i]);
-        }
-        cb_store(c[q], R, res ? res + q * p * P16 : NULL, relu, y + q * p * P16);
-    }
-}
-
 /* units [u0, u1) of cq_run: unit u is one sample, one group of 4 panels and one chunk of
  * pc positions (u / chunks = sample * quads + quad) */
 __attribute__((target("arch=x86-64-v4"))) static void
@@ -858,13 +908,14 @@ cq_units(int64_t u0, int64_t u1, int64_t quads, int64_t chunks, int64_t pc, int6
         const float *rb = res ? res + (smp * n + j0) * p : NULL;
         const float *bj = bias ? bias + j0 : NULL;
         float *yb = y + (smp * n + j0) * p;
-        for (int64_t i = i0; i < i1; i += CQ_R) {
+        for (int64_t i = i0, t = 0, R; i < i1; i += R, t++) {
+            R = cq_len(i1 - i0, t);
 #define CQ_CASE(r)                                                                          \
     case r:                                                                                 \
-        cq_tile(r, xs + i * P16, off, pk, k, bj, rb ? rb + i * P16 : NULL, relu,           \
+        cq_tile(r, xs + i * P16, off, P16, pk, k, bj, rb ? rb + i * P16 : NULL, relu,      \
                 yb + i * P16, p);                                                           \
         break;
-            switch (i1 - i < CQ_R ? i1 - i : CQ_R) {
+            switch (R) {
                 CQ_CASE(6) CQ_CASE(5) CQ_CASE(4) CQ_CASE(3) CQ_CASE(2) default: CQ_CASE(1)
             }
 #undef CQ_CASE
@@ -910,7 +961,7 @@ int ortcpu_conv1x1_nchw16c(int64_t nb, int64_t n, int64_t k, int64_t p, const fl
     if (nb < 0 || n < 0 || k < 0 || p < 0)
         return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv1x1_nchw16c: bad sizes nb=%lld "
                         "p=%lld", (long long)nb, (long long)p);
-    if (n % (4 * P16) == 0 && k > 0 && nb > 0 && p > 0)
+    if (n % (4 * P16) == 0 && k > 0 && k <= CQ_MAX_K && nb > 0 && p > 0)
         return cq_run(nb, n, k, p, x, packed, bias, res, relu, y, nthreads);
     return c1_run(nb, n, k, p, x, NULL, 1, packed, bias, res, relu, y, 0, nthreads);
 }
