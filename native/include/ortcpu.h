@@ -690,9 +690,8 @@ int ortcpu_conv1x1s_p16(int64_t nb, int64_t n, int64_t k, int64_t h, int64_t w, 
  * layout onnxruntime's NCHWc kernels keep between layers): X [nb][k/16][p][16] ->
  * Y [nb][n/16][p][16], res in Y's layout, n and k multiples of 16, W packed as for
  * conv1x1_p16. The first kernel of a blocked-layout path for the graph executor (issue
- * 15), not bound by it yet; benchmarks/nchw16c.py measures chains of both layouts (with
- * this tile, so far 0.88-1.13x of NCHW depending on shape and host: not yet the win the
- * layout gives onnxruntime). */
+ * 15), not bound by it yet; benchmarks/nchw16c.py measures chains of both layouts.
+ * Output channels in groups of 64 with k <= 2304 run a 6-position x 64-channel tile. */
 int ortcpu_conv1x1_nchw16c(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
                            const float *packed, const float *bias, const float *res,
                            int relu, float *y, int nthreads);
@@ -700,7 +699,7 @@ int ortcpu_conv1x1_nchw16c(int64_t nb, int64_t n, int64_t k, int64_t p, const fl
  * Y [nb][m/16][OH][OW][16] (res likewise), c and m multiples of 16; W packed as for
  * conv_p16 but with its reduction ordered (channel block, ky, kx, channel in block):
  * W [m][c/16][16][kh][kw] permuted to [m][c/16][kh][kw][16]. Not bound by the executor
- * yet (see conv1x1_nchw16c). */
+ * yet (see conv1x1_nchw16c; the same two tiles, by the same rule). */
 int ortcpu_conv_nchw16c(const float *x, const float *packed, const float *bias,
                         const float *res, int relu, float *y, const int64_t *geom,
                         int nthreads);
