@@ -316,6 +316,15 @@ c1_store(__m512 c[8], int R, int64_t w, const float *restrict res, int relu,
     }
 }
 
+/* channel-blocked X: a block's 16 reduction steps read the same lines, so step kk fetches
+ * one of the 8 lines `ahead` floats on from its block's (kk & 15 is the channel in the
+ * block, reductions run (block, tap, channel)) */
+__attribute__((target("arch=x86-64-v4"), always_inline)) static inline void
+cb_fetch(const float *xr, int64_t kk, int64_t ahead)
+{
+    _mm_prefetch((const char *)(xr - (kk & 15) + ahead + (kk & 7) * P16), _MM_HINT_T0);
+}
+
 /* rows [0, R) of c (position i: 16 channels of one block) + res, ReLU, into y at i * 16
  * (channel-blocked layout, conv1x1_nchw16c): one full zmm store a row, no transpose */
 __attribute__((target("arch=x86-64-v4"), always_inline)) static inline void
@@ -334,18 +343,18 @@ cb_store(const __m512 c[8], int R, const float *restrict res, int relu, float *r
 
 /* ---- channel-blocked tensors on a wider tile (conv1x1_nchw16c and conv_nchw16c where
  * the output channels are a multiple of 64) ------------------------------------------
- * 6 positions (s floats apart) x 64 output channels (4 panels): 24 accumulators, and a reduction step is
- * 4 panel loads and 6 broadcasts for 24 FMAs, where the 8 x 32 tile takes 10 loads for 16
+ * 6 positions (s floats apart) x 64 output channels (4 panels): 24 accumulators, and a
+ * reduction step is 4 panel loads and 6 broadcasts for 24 FMAs, where the 8 x 32 tile
+ * takes 10 loads for 16
  * (onnxruntime's NCHWc kernels use this shape). On blocked X a step's 6 positions are 6
  * lines, which serve the block's 16 steps. Zen 5, interleaved with conv1x1_p16 (NCHW) and
  * the 8 x 32 tile on blocked tensors: +0-23% over NCHW on one thread, +1-17% on two,
  * where the 8 x 32 tile on blocked tensors ran 0.85-1.0x NCHW. */
 #define CQ_R 6
 /* the longest reduction on this tile (resnet50's 14x14 3x3s, 576 KB of panels): a unit
- * streams its 4 panels (256 bytes a step) once
- * per tile, so they must stay in L2 (1 MB) beside the rest; longer ones run the 8 x 32
- * tile, whose reductions run in slices or pair-major (resnet50's 7x7 512 -> 512 3x3,
- * k = 4608: 0.56x of NCHW on this tile) */
+ * streams its 4 panels (256 bytes a step) once per tile, so they must stay in L2 (1 MB)
+ * beside the rest; longer ones run the 8 x 32 tile, whose reductions run in slices or
+ * pair-major (resnet50's 7x7 512 -> 512 3x3, k = 4608: 0.56x of NCHW on this tile) */
 #define CQ_MAX_K 2304
 
 /* the length of tile t of a run of len positions cut into ceil(len / CQ_R) tiles of
@@ -375,9 +384,7 @@ cq_tile(int R, const float *restrict xb, const int64_t *restrict off, int64_t s,
         __m512 b0 = _mm512_loadu_ps(p0 + kk * P16), b1 = _mm512_loadu_ps(p1 + kk * P16);
         __m512 b2 = _mm512_loadu_ps(p2 + kk * P16), b3 = _mm512_loadu_ps(p3 + kk * P16);
         const float *xr = xb + off[kk];
-        /* the block's lines two tiles on, one a step (as cg_tile's blocked tiles) */
-        _mm_prefetch((const char *)(xr - (kk & 15) + 2 * CQ_R * s + (kk & 7) * P16),
-                     _MM_HINT_T0);
+        cb_fetch(xr, kk, 2 * CQ_R * s); /* two tiles on */
 #pragma GCC unroll 6
         for (int i = 0; i < R; i++) {
             __m512 av = _mm512_set1_ps(xr[i * s]);
@@ -441,6 +448,16 @@ static inline int64_t p16_grain(int64_t units, int nt)
     return g < 1 ? 1 : g;
 }
 
+/* the calling thread's next grain [*u0, *u1) of units from the shared counter `next`;
+ * 0 once all are claimed */
+static inline int p16_claim(int64_t *next, int64_t grain, int64_t units, int64_t *u0,
+                            int64_t *u1)
+{
+    *u0 = __atomic_fetch_add(next, grain, __ATOMIC_RELAXED);
+    *u1 = *u0 + grain < units ? *u0 + grain : units;
+    return *u0 < units;
+}
+
 /* ---- any 2-D convolution of one group on the same tile (conv_p16) --------------------
  * The implicit GEMM Y_s^T = im2col(X_s)^T W^T without the im2col matrix: a tile is 8
  * consecutive output positions of one output row x 32 output channels; for reduction step
@@ -469,10 +486,8 @@ cg_tile(int R, int unit_stride, int blocked, const float *restrict xb,
         __m512 b0 = _mm512_loadu_ps(pa + kk * P16);
         __m512 b1 = pb ? _mm512_loadu_ps(pb + kk * P16) : b0;
         const float *xr = xb + (off ? off[kk] : kk * kstride);
-        if (blocked) /* a block's 16 steps read the same 8 lines: fetch those P16_BAHEAD
-                      * floats on (two tiles ahead), one line a step */
-            _mm_prefetch((const char *)(xr - (kk & 15) + P16_BAHEAD + (kk & 7) * P16),
-                         _MM_HINT_T0);
+        if (blocked)
+            cb_fetch(xr, kk, P16_BAHEAD);
         else
             _mm_prefetch((const char *)(xr + P16_XAHEAD * s), _MM_HINT_T0);
 #pragma GCC unroll 8
@@ -762,13 +777,11 @@ static int cg_run(const float *x, const float *packed, const float *bias, const 
 #pragma omp barrier
         }
         int64_t grain = p16_grain(units, nt);
-        for (;;) {
-            int64_t u0 = __atomic_fetch_add(&next, grain, __ATOMIC_RELAXED);
-            if (u0 >= units) break;
+        for (int64_t u0, u1; p16_claim(&next, grain, units, &u0, &u1);) {
             if (quad)
-                cq_rows(&g, u0, u0 + grain < units ? u0 + grain : units);
+                cq_rows(&g, u0, u1);
             else
-                cg_units(&g, u0, u0 + grain < units ? u0 + grain : units);
+                cg_units(&g, u0, u1);
         }
     }
     ort_scratch_free(xp);
@@ -818,6 +831,35 @@ c1_subsample(const float *restrict src, const int64_t *sub, float *restrict dst)
     }
 }
 
+/* units [u0, u1) of conv1x1_nchw16c on cq_tile: unit u is one sample, one group of 4
+ * panels and one chunk of pc positions (u / chunks = sample * quads + quad) */
+__attribute__((target("arch=x86-64-v4"))) static void
+cq_units(int64_t u0, int64_t u1, int64_t quads, int64_t chunks, int64_t pc, int64_t n,
+         int64_t k, int64_t p, const float *x, const int64_t *off, const float *packed,
+         const float *bias, const float *res, int relu, float *y)
+{
+    for (int64_t uc = u0; uc < u1; uc++) {
+        int64_t u = uc / chunks, i0 = uc % chunks * pc, i1 = i0 + pc < p ? i0 + pc : p;
+        int64_t smp = u / quads, j0 = u % quads * 4 * P16;
+        const float *pk = packed + j0 * k, *xs = x + smp * k * p;
+        const float *rb = res ? res + (smp * n + j0) * p : NULL;
+        const float *bj = bias ? bias + j0 : NULL;
+        float *yb = y + (smp * n + j0) * p;
+        for (int64_t i = i0, t = 0, R; i < i1; i += R, t++) {
+            R = cq_len(i1 - i0, t);
+#define CQ_CASE(r)                                                                          \
+    case r:                                                                                 \
+        cq_tile(r, xs + i * P16, off, P16, pk, k, bj, rb ? rb + i * P16 : NULL, relu,      \
+                yb + i * P16, p);                                                           \
+        break;
+            switch (R) {
+                CQ_CASE(6) CQ_CASE(5) CQ_CASE(4) CQ_CASE(3) CQ_CASE(2) default: CQ_CASE(1)
+            }
+#undef CQ_CASE
+        }
+    }
+}
+
 /* conv1x1_p16 / conv1x1s_p16: sub NULL, or {H, W, stride h, stride w} of a strided 1x1
  * whose X is read subsampled (p = OH * OW); conv1x1_nchw16c: blocked (sub NULL, n and k
  * multiples of 16, ystride n * p) */
@@ -834,12 +876,16 @@ static int c1_run(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
         return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv1x1_p16: ystride %lld is less than a "
                         "sample's %lld elements", (long long)ystride, (long long)(n * p));
     if (nb == 0 || n == 0 || p == 0) return ORTCPU_OK;
-    int64_t pairs = ((n + P16 - 1) / P16 + 1) / 2, units = nb * pairs;
+    /* blocked with whole 64-channel groups: cq_tile, a unit one group's chunk */
+    int quad = blocked && n % (4 * P16) == 0 && k <= CQ_MAX_K;
+    int64_t pairs = ((n + P16 - 1) / P16 + 1) / 2;
+    int64_t units = nb * (quad ? n / (4 * P16) : pairs);
     int t = nthreads < 1 ? 1 : nthreads;
     if (2.0 * (double)nb * (double)n * (double)k * (double)p < 1e6 || omp_in_parallel())
         t = 1;
-    int64_t pc = p16_chunk(units, p, P16_R512, t), next = 0;
-    units *= (p + pc - 1) / pc;
+    int64_t pc = p16_chunk(units, p, quad ? CQ_R : P16_R512, t), next = 0;
+    int64_t chunks = (p + pc - 1) / pc;
+    units *= chunks;
     if (units < 2) t = 1;
     /* X's channel rows copied 64-byte aligned first when p is not a multiple of 8, the
      * reduction is long and X is read by many panel pairs: a tile's 8 positions then never
@@ -875,11 +921,13 @@ static int c1_run(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
 #pragma omp barrier
         }
         int64_t grain = p16_grain(units, nt);
-        for (;;) {
-            int64_t s = __atomic_fetch_add(&next, grain, __ATOMIC_RELAXED);
-            if (s >= units) break;
-            c1_units(s, s + grain < units ? s + grain : units, nb, n, k, p, pc, xa ? xa : x,
-                     xrow, boff, packed, bias, res, relu, y, ystride);
+        for (int64_t u0, u1; p16_claim(&next, grain, units, &u0, &u1);) {
+            if (quad)
+                cq_units(u0, u1, n / (4 * P16), chunks, pc, n, k, p, x, boff, packed, bias,
+                         res, relu, y);
+            else
+                c1_units(u0, u1, nb, n, k, p, pc, xa ? xa : x, xrow, boff, packed, bias, res,
+                         relu, y, ystride);
         }
     }
     ort_scratch_free(xa);
@@ -894,63 +942,6 @@ int ortcpu_conv1x1_p16(int64_t nb, int64_t n, int64_t k, int64_t p, const float 
     return c1_run(nb, n, k, p, x, NULL, 0, packed, bias, res, relu, y, ystride, nthreads);
 }
 
-/* units [u0, u1) of cq_run: unit u is one sample, one group of 4 panels and one chunk of
- * pc positions (u / chunks = sample * quads + quad) */
-__attribute__((target("arch=x86-64-v4"))) static void
-cq_units(int64_t u0, int64_t u1, int64_t quads, int64_t chunks, int64_t pc, int64_t n,
-         int64_t k, int64_t p, const float *x, const int64_t *off, const float *packed,
-         const float *bias, const float *res, int relu, float *y)
-{
-    for (int64_t uc = u0; uc < u1; uc++) {
-        int64_t u = uc / chunks, i0 = uc % chunks * pc, i1 = i0 + pc < p ? i0 + pc : p;
-        int64_t smp = u / quads, j0 = u % quads * 4 * P16;
-        const float *pk = packed + j0 * k, *xs = x + smp * k * p;
-        const float *rb = res ? res + (smp * n + j0) * p : NULL;
-        const float *bj = bias ? bias + j0 : NULL;
-        float *yb = y + (smp * n + j0) * p;
-        for (int64_t i = i0, t = 0, R; i < i1; i += R, t++) {
-            R = cq_len(i1 - i0, t);
-#define CQ_CASE(r)                                                                          \
-    case r:                                                                                 \
-        cq_tile(r, xs + i * P16, off, P16, pk, k, bj, rb ? rb + i * P16 : NULL, relu,      \
-                yb + i * P16, p);                                                           \
-        break;
-            switch (R) {
-                CQ_CASE(6) CQ_CASE(5) CQ_CASE(4) CQ_CASE(3) CQ_CASE(2) default: CQ_CASE(1)
-            }
-#undef CQ_CASE
-        }
-    }
-}
-
-static int cq_run(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
-                  const float *packed, const float *bias, const float *res, int relu,
-                  float *y, int nthreads)
-{
-    int64_t quads = n / (4 * P16), units = nb * quads;
-    int t = nthreads < 1 ? 1 : nthreads;
-    if (2.0 * (double)nb * (double)n * (double)k * (double)p < 1e6 || omp_in_parallel())
-        t = 1;
-    int64_t pc = p16_chunk(units, p, CQ_R, t), chunks = (p + pc - 1) / pc, next = 0;
-    units *= chunks;
-    if (units < 2) t = 1;
-    int64_t *off = ort_scratch((size_t)k * sizeof(int64_t));
-    if (!off) return ort_fail(ORTCPU_E_OUT_OF_MEMORY, "conv1x1_nchw16c: scratch");
-    for (int64_t c = 0; c < k; c++) off[c] = c / P16 * p * P16 + c % P16;
-#pragma omp parallel num_threads(t) if (t > 1)
-    {
-        int64_t grain = p16_grain(units, omp_get_num_threads());
-        for (;;) {
-            int64_t u0 = __atomic_fetch_add(&next, grain, __ATOMIC_RELAXED);
-            if (u0 >= units) break;
-            cq_units(u0, u0 + grain < units ? u0 + grain : units, quads, chunks, pc, n, k, p,
-                     x, off, packed, bias, res, relu, y);
-        }
-    }
-    ort_scratch_free(off);
-    return ORTCPU_OK;
-}
-
 int ortcpu_conv1x1_nchw16c(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
                            const float *packed, const float *bias, const float *res,
                            int relu, float *y, int nthreads)
@@ -958,11 +949,6 @@ int ortcpu_conv1x1_nchw16c(int64_t nb, int64_t n, int64_t k, int64_t p, const fl
     if (n % P16 || k % P16)
         return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv1x1_nchw16c: channels must be "
                         "multiples of 16, got %lld -> %lld", (long long)k, (long long)n);
-    if (nb < 0 || n < 0 || k < 0 || p < 0)
-        return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv1x1_nchw16c: bad sizes nb=%lld "
-                        "p=%lld", (long long)nb, (long long)p);
-    if (n % (4 * P16) == 0 && k > 0 && k <= CQ_MAX_K && nb > 0 && p > 0)
-        return cq_run(nb, n, k, p, x, packed, bias, res, relu, y, nthreads);
     return c1_run(nb, n, k, p, x, NULL, 1, packed, bias, res, relu, y, 0, nthreads);
 }
 
