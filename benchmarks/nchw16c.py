@@ -78,11 +78,11 @@ def conv_blocked(x, layer, r=None):
     if layer.k == 1:
         st = lib.ortcpu_conv1x1_nchw16c(nb, layer.m, kb * 16, p, ptr(x),
                                         ptr(layer.blocked.data), ptr(layer.b), ptr(r), 1,
-                                        ptr(y), get_num_threads())
+                                        ptr(y), 0, get_num_threads())
     else:
         layer.geom[0] = nb
         st = lib.ortcpu_conv_nchw16c(ptr(x), ptr(layer.blocked.data), ptr(layer.b), ptr(r),
-                                     1, ptr(y), layer.geom, get_num_threads())
+                                     1, ptr(y), 0, layer.geom, get_num_threads())
     check_status(st, "conv (NCHW16c)")
     return y
 

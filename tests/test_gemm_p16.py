@@ -342,7 +342,8 @@ def test_conv1x1_nchw16c_matches_float64(threads, nb, k, n, hw):
         ref = ref.relu() if relu else ref
         y = torch.full((nb, n // 16, hw[0] * hw[1], 16), float("nan"))
         assert lib.ortcpu_conv1x1_nchw16c(nb, n, k, hw[0] * hw[1], ptr(xb), ptr(pw.data),
-                                          ptr(bias), ptr(res), relu, ptr(y), threads) == 0
+                                          ptr(bias), ptr(res), relu, ptr(y), 0,
+                                          threads) == 0
         assert_close(y, _blocked(ref.float()), rtol=1e-5, atol=1e-5 * k ** 0.5,
                      msg=f"{bias is None} {res is None} {relu}")
 
@@ -376,12 +377,12 @@ def test_conv_nchw16c_matches_float64(threads, nb, c, m, h, w, k, s, p, d):
     geom = ffi.new("int64_t[]", [nb, c, h, w, m, 1, k, k, oh, ow, s, s, p, p, d, d])
     y = torch.full((nb, m // 16, oh * ow, 16), float("nan"))
     xb, rb = _blocked(x), _blocked(r)  # held: ptr() keeps no reference
-    assert lib.ortcpu_conv_nchw16c(ptr(xb), ptr(pw.data), ptr(b), ptr(rb), 1, ptr(y), geom,
-                                   threads) == 0
+    assert lib.ortcpu_conv_nchw16c(ptr(xb), ptr(pw.data), ptr(b), ptr(rb), 1, ptr(y), 0,
+                                   geom, threads) == 0
     assert_close(y, _blocked(ref.float()), rtol=1e-5, atol=1e-5 * (c * k * k) ** 0.5)
     geom[1] = 24  # not whole channel blocks
-    assert lib.ortcpu_conv_nchw16c(ptr(x), ptr(pw.data), ptr(b), ffi.NULL, 0, ptr(y), geom,
-                                   threads) != 0
+    assert lib.ortcpu_conv_nchw16c(ptr(x), ptr(pw.data), ptr(b), ffi.NULL, 0, ptr(y), 0,
+                                   geom, threads) != 0
 
 
 @needs_conv1x1
@@ -390,7 +391,7 @@ def test_conv1x1_nchw16c_takes_whole_channel_blocks_only():
 
     for n, k in ((17, 16), (16, 40)):
         assert lib.ortcpu_conv1x1_nchw16c(1, n, k, 4, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL,
-                                          0, ffi.NULL, 1) != 0
+                                          0, ffi.NULL, 0, 1) != 0
 
 
 @needs_conv1x1

@@ -596,6 +596,14 @@ int ortcpu_avgpool_backward_f32(const float *dy, float *dx, const int64_t *geom,
                                 int count_include_pad, int64_t divisor, int nthreads);
 int ortcpu_avgpool_backward_f64(const double *dy, double *dx, const int64_t *geom,
                                 int count_include_pad, int64_t divisor, int nthreads);
+/* pool_nchw16c: MaxPool (max != 0; NaN propagates, a window without input elements
+ * yields -inf) or AveragePool (include_pad as avgpool_forward's count_include_pad:
+ * 0 the window's input elements, 1 the padded window within the end pads, 2 the whole
+ * kernel) on channel-blocked float32 X [planes][in...][16] -> Y [planes][out...][16],
+ * planes = N * C/16 in geom (the pool geometry above), dilation 1: the graph executor's
+ * pools between channel-blocked Convs. */
+int ortcpu_pool_nchw16c_f32(const float *x, float *y, const int64_t *geom, int max,
+                            int include_pad, int nthreads);
 int ortcpu_global_pool_forward_f32(const float *x, float *y, int64_t planes, int64_t size,
                                    int op, int nthreads);
 int ortcpu_global_pool_forward_f64(const double *x, double *y, int64_t planes, int64_t size,
@@ -694,15 +702,22 @@ int ortcpu_conv1x1s_p16(int64_t nb, int64_t n, int64_t k, int64_t h, int64_t w, 
  * Output channels in groups of 64 with k <= 2304 run a 6-position x 64-channel tile. */
 int ortcpu_conv1x1_nchw16c(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
                            const float *packed, const float *bias, const float *res,
-                           int relu, float *y, int nthreads);
+                           int relu, float *y, int64_t ystride, int nthreads);
 /* conv_nchw16c: conv_p16 on channel-blocked tensors, X [nb][c/16][H][W][16] ->
  * Y [nb][m/16][OH][OW][16] (res likewise), c and m multiples of 16; W packed as for
  * conv_p16 but with its reduction ordered (channel block, ky, kx, channel in block):
  * W [m][c/16][16][kh][kw] permuted to [m][c/16][kh][kw][16]. Not bound by the executor
  * yet (see conv1x1_nchw16c; the same two tiles, by the same rule). */
 int ortcpu_conv_nchw16c(const float *x, const float *packed, const float *bias,
-                        const float *res, int relu, float *y, const int64_t *geom,
-                        int nthreads);
+                        const float *res, int relu, float *y, int64_t ystride,
+                        const int64_t *geom, int nthreads);
+/* to_nchw16c / from_nchw16c (layout16.c): float32 X [n][c][p] -> Y [n][c/16][p][16] and
+ * back, c a multiple of 16 (the graph executor's reorders at the edges of its
+ * channel-blocked regions). */
+int ortcpu_to_nchw16c_f32(const float *x, float *y, int64_t n, int64_t c, int64_t p,
+                          int nthreads);
+int ortcpu_from_nchw16c_f32(const float *x, float *y, int64_t n, int64_t c, int64_t p,
+                            int nthreads);
 /* lrn (lrn.c): ONNX LRN across channels on float32 NCHW x [n][c][p] (p = the spatial
  * size) into y (not x): y = x / (bias + alpha / size * sum of x^2 over the channel window
  * [c - floor((size-1)/2), c + ceil((size-1)/2)] clipped to [0, c))^beta. */

@@ -682,12 +682,13 @@ cq_rows(const cg_ctx *g, int64_t u0, int64_t u1)
         int64_t oy = u % g->oh, r = u / g->oh, smp = r / quads, j0 = r % quads * 4 * P16;
         const float *pk = g->packed + j0 * k, *bj = g->bias ? g->bias + j0 : NULL;
         const float *xrow = g->x + smp * g->sample + oy * g->sh * g->row;
-        int64_t o = (smp * n + j0) * p + oy * g->ow * P16; /* y and res: the row's start */
+        int64_t o = (smp * n + j0) * p + oy * g->ow * P16; /* res: the row's start */
+        int64_t yo = smp * g->ystride + j0 * p + oy * g->ow * P16;
         for (int64_t ox = 0, t = 0, R; ox < g->ow; ox += R, t++) {
             R = cq_len(g->ow, t);
             const float *xb = xrow + ox * g->sw * P16;
             const float *ri = g->res ? g->res + o + ox * P16 : NULL;
-            float *yi = g->y + o + ox * P16;
+            float *yi = g->y + yo + ox * P16;
 #define CQ_ROW(r)                                                                           \
     case r:                                                                                 \
         cq_tile(r, xb, g->off, g->sw * P16, pk, k, bj, ri, g->relu, yi, p);                 \
@@ -796,14 +797,14 @@ int ortcpu_conv_p16(const float *x, const float *packed, const float *bias, cons
 }
 
 int ortcpu_conv_nchw16c(const float *x, const float *packed, const float *bias,
-                        const float *res, int relu, float *y, const int64_t *geom,
-                        int nthreads)
+                        const float *res, int relu, float *y, int64_t ystride,
+                        const int64_t *geom, int nthreads)
 {
     if (geom[1] % P16 || geom[4] % P16)
         return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv_nchw16c: channels must be "
                         "multiples of 16, got %lld -> %lld", (long long)geom[1],
                         (long long)geom[4]);
-    return cg_run(x, packed, bias, res, relu, y, 0, geom, nthreads, 1);
+    return cg_run(x, packed, bias, res, relu, y, ystride, geom, nthreads, 1);
 }
 
 int ortcpu_conv_p16_available(void) { return 1; }
@@ -836,7 +837,7 @@ c1_subsample(const float *restrict src, const int64_t *sub, float *restrict dst)
 __attribute__((target("arch=x86-64-v4"))) static void
 cq_units(int64_t u0, int64_t u1, int64_t quads, int64_t chunks, int64_t pc, int64_t n,
          int64_t k, int64_t p, const float *x, const int64_t *off, const float *packed,
-         const float *bias, const float *res, int relu, float *y)
+         const float *bias, const float *res, int relu, float *y, int64_t ystride)
 {
     for (int64_t uc = u0; uc < u1; uc++) {
         int64_t u = uc / chunks, i0 = uc % chunks * pc, i1 = i0 + pc < p ? i0 + pc : p;
@@ -844,7 +845,7 @@ cq_units(int64_t u0, int64_t u1, int64_t quads, int64_t chunks, int64_t pc, int6
         const float *pk = packed + j0 * k, *xs = x + smp * k * p;
         const float *rb = res ? res + (smp * n + j0) * p : NULL;
         const float *bj = bias ? bias + j0 : NULL;
-        float *yb = y + (smp * n + j0) * p;
+        float *yb = y + smp * ystride + j0 * p;
         for (int64_t i = i0, t = 0, R; i < i1; i += R, t++) {
             R = cq_len(i1 - i0, t);
 #define CQ_CASE(r)                                                                          \
@@ -924,7 +925,7 @@ static int c1_run(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
         for (int64_t u0, u1; p16_claim(&next, grain, units, &u0, &u1);) {
             if (quad)
                 cq_units(u0, u1, n / (4 * P16), chunks, pc, n, k, p, x, boff, packed, bias,
-                         res, relu, y);
+                         res, relu, y, ystride);
             else
                 c1_units(u0, u1, nb, n, k, p, pc, xa ? xa : x, xrow, boff, packed, bias, res,
                          relu, y, ystride);
@@ -944,12 +945,12 @@ int ortcpu_conv1x1_p16(int64_t nb, int64_t n, int64_t k, int64_t p, const float 
 
 int ortcpu_conv1x1_nchw16c(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
                            const float *packed, const float *bias, const float *res,
-                           int relu, float *y, int nthreads)
+                           int relu, float *y, int64_t ystride, int nthreads)
 {
     if (n % P16 || k % P16)
         return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv1x1_nchw16c: channels must be "
                         "multiples of 16, got %lld -> %lld", (long long)k, (long long)n);
-    return c1_run(nb, n, k, p, x, NULL, 1, packed, bias, res, relu, y, 0, nthreads);
+    return c1_run(nb, n, k, p, x, NULL, 1, packed, bias, res, relu, y, ystride, nthreads);
 }
 
 int ortcpu_conv1x1s_p16(int64_t nb, int64_t n, int64_t k, int64_t h, int64_t w, int64_t sh,
@@ -1048,10 +1049,10 @@ int ortcpu_conv_p16(const float *x, const float *packed, const float *bias, cons
 }
 
 int ortcpu_conv_nchw16c(const float *x, const float *packed, const float *bias,
-                        const float *res, int relu, float *y, const int64_t *geom,
-                        int nthreads)
+                        const float *res, int relu, float *y, int64_t ystride,
+                        const int64_t *geom, int nthreads)
 {
-    (void)x; (void)packed; (void)bias; (void)res; (void)relu; (void)y; (void)geom;
+    (void)x; (void)packed; (void)bias; (void)res; (void)relu; (void)y; (void)ystride; (void)geom;
     (void)nthreads;
     return ort_fail(ORTCPU_E_INVALID_ARGUMENT,
                     "conv_nchw16c: not in this build (x86-64-v4 only)");
@@ -1071,10 +1072,10 @@ int ortcpu_conv1x1_p16(int64_t nb, int64_t n, int64_t k, int64_t p, const float 
 
 int ortcpu_conv1x1_nchw16c(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
                            const float *packed, const float *bias, const float *res,
-                           int relu, float *y, int nthreads)
+                           int relu, float *y, int64_t ystride, int nthreads)
 {
     (void)nb; (void)n; (void)k; (void)p; (void)x; (void)packed; (void)bias; (void)res;
-    (void)relu; (void)y; (void)nthreads;
+    (void)relu; (void)y; (void)ystride; (void)nthreads;
     return ort_fail(ORTCPU_E_INVALID_ARGUMENT,
                     "conv1x1_nchw16c: not in this build (x86-64-v4 only)");
 }

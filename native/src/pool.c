@@ -232,3 +232,120 @@ mp_k3s2_row(const float *const *r, int n, int64_t iw, int64_t pb, float *restric
 #undef TI
 #undef SFX
 #undef ACC
+
+/* ---- channel-blocked float32 pools (pool_nchw16c) ------------------------------------ */
+
+#define PB16 16 /* channels in a block: one position is 16 consecutive floats */
+
+typedef struct {
+    const float *x;
+    float *y;
+    const pool_geom *q;
+    int max, include_pad;
+} pool16_ctx;
+
+/* out (16 channels) = the max (NaN propagating, as MP_MAX) or the average (summed in
+ * double, divided by dv) of the window [lo, hi) of one blocked plane's positions */
+#if defined(__x86_64__) && defined(__GNUC__) && ORT_ISA_LEVEL >= 2
+__attribute__((target("arch=x86-64-v4"))) static void
+pool16_window(const float *x, const pool_geom *q, const int64_t *lo, const int64_t *hi,
+              int max, float *out, double dv)
+{
+    const int64_t iH = q->in[1], iW = q->in[2];
+    if (max) {
+        __m512 m = _mm512_set1_ps(-INFINITY);
+        for (int64_t id = lo[0]; id < hi[0]; id++)
+            for (int64_t ih = lo[1]; ih < hi[1]; ih++) {
+                const float *r = x + (id * iH + ih) * iW * PB16;
+                for (int64_t iw = lo[2]; iw < hi[2]; iw++)
+                    m = mp_nanmax512(m, _mm512_loadu_ps(r + iw * PB16));
+            }
+        _mm512_storeu_ps(out, m);
+        return;
+    }
+    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+    for (int64_t id = lo[0]; id < hi[0]; id++)
+        for (int64_t ih = lo[1]; ih < hi[1]; ih++) {
+            const float *r = x + (id * iH + ih) * iW * PB16;
+            for (int64_t iw = lo[2]; iw < hi[2]; iw++) {
+                __m512 v = _mm512_loadu_ps(r + iw * PB16);
+                s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(v)));
+                s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)));
+            }
+        }
+    if (!(dv > 0)) { /* no input element in the window */
+        _mm512_storeu_ps(out, _mm512_set1_ps(NAN));
+        return;
+    }
+    __m512d d = _mm512_set1_pd(dv);
+    __m256 a = _mm512_cvtpd_ps(_mm512_div_pd(s0, d)), b = _mm512_cvtpd_ps(_mm512_div_pd(s1, d));
+    _mm512_storeu_ps(out, _mm512_insertf32x8(_mm512_castps256_ps512(a), b, 1));
+}
+#else
+static void pool16_window(const float *x, const pool_geom *q, const int64_t *lo,
+                          const int64_t *hi, int max, float *out, double dv)
+{
+    const int64_t iH = q->in[1], iW = q->in[2];
+    float m[PB16];
+    double s[PB16] = {0};
+    for (int l = 0; l < PB16; l++) m[l] = -INFINITY;
+    for (int64_t id = lo[0]; id < hi[0]; id++)
+        for (int64_t ih = lo[1]; ih < hi[1]; ih++)
+            for (int64_t iw = lo[2]; iw < hi[2]; iw++) {
+                const float *v = x + ((id * iH + ih) * iW + iw) * PB16;
+                for (int l = 0; l < PB16; l++) {
+                    m[l] = v[l] > m[l] || v[l] != v[l] ? v[l] : m[l];
+                    s[l] += (double)v[l];
+                }
+            }
+    for (int l = 0; l < PB16; l++) out[l] = max ? m[l] : (float)(dv > 0 ? s[l] / dv : NAN);
+}
+#endif
+
+/* output rows [r0, r1): row r is (plane, od, oh) in row-major order */
+static void pool16_rows(const pool16_ctx *c, int64_t r0, int64_t r1)
+{
+    const pool_geom *q = c->q;
+    const int64_t oD = q->out[0], oH = q->out[1], oW = q->out[2];
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t oh = r % oH, od = r / oH % oD, p = r / (oH * oD);
+        const float *x = c->x + p * q->isz * PB16;
+        float *y = c->y + (p * q->osz + (od * oH + oh) * oW) * PB16;
+        int64_t lo[3], hi[3], pl[3];
+        pool_window(q, 0, od, &lo[0], &hi[0], &pl[0]);
+        pool_window(q, 1, oh, &lo[1], &hi[1], &pl[1]);
+        for (int64_t ow = 0; ow < oW; ow++, y += PB16) {
+            pool_window(q, 2, ow, &lo[2], &hi[2], &pl[2]);
+            double dv = c->max ? 0 : avg_divisor_f32(q, c->include_pad, 0, lo, hi, pl);
+            pool16_window(x, q, lo, hi, c->max, y, dv);
+        }
+    }
+}
+
+int ortcpu_pool_nchw16c_f32(const float *x, float *y, const int64_t *geom, int max,
+                            int include_pad, int nthreads)
+{
+    pool_geom q;
+    int st = pool_geom_read(geom, &q);
+    if (st) return st;
+    for (int a = 0; a < 3; a++)
+        if (q.d[a] != 1)
+            return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "pool_nchw16c: dilation %lld on axis "
+                            "%d (only 1)", (long long)q.d[a], a);
+    if (include_pad < 0 || include_pad > 2)
+        return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "pool_nchw16c: include_pad %d", include_pad);
+    pool16_ctx c = {x, y, &q, max != 0, include_pad};
+    int64_t rows = q.planes * q.out[0] * q.out[1];
+    int64_t work = q.out[2] * q.k[0] * q.k[1] * q.k[2] * PB16 + 1; /* per row */
+    int chunks = ort_num_chunks(rows, 65536 / work + 1, nthreads);
+    if (chunks <= 1) {
+        pool16_rows(&c, 0, rows);
+        return ORTCPU_OK;
+    }
+#pragma omp parallel num_threads(chunks)
+    {
+        int i = omp_get_thread_num(), nt = omp_get_num_threads();
+        pool16_rows(&c, rows * i / nt, rows * (i + 1) / nt);
+    }
+    return ORTCPU_OK;
+}

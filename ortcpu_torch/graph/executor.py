@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import torch
 
-from . import ops_kernels, ops_torch  # noqa: F401  (fill the op table)
+from . import ops_blocked, ops_kernels, ops_torch  # noqa: F401  (fill the op table)
 from .dtypes import dtype_name, torch_dtype
 from .loading import load_model, opset_map, tensor_from_proto
 from .planner import Plan, build_plan, check_supported

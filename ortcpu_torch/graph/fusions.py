@@ -18,7 +18,9 @@
   for GEMM, bias add and residual add; [2048, 256] x [256, 768] with its bias: 6.93 vs
   7.01 ms;
 - Identity nodes that are not graph outputs are dropped (readers read the input): torch's
-  exporter writes Dropout(0) and clones as Identity, between a Linear and its residual Add.
+  exporter writes Dropout(0) and clones as Identity, between a Linear and its residual Add;
+- last, float32 Convs in whole blocks of 16 channels and the pools, Relus, Adds and
+  Concats between them run on the channel-blocked layout (``blocked_layout.py``).
 
 Every rewrite requires the intermediate to have exactly one consumer and not to be a graph
 output, and only constants (initializers, folded values) or values that exist before the
@@ -66,10 +68,13 @@ def _scalar_const(consts, name):
     return None
 
 
-def apply_fusions(nodes, consts, graph, opsets, shapes=None):
+def apply_fusions(nodes, consts, graph, opsets, shapes=None, types=None):
     """Rewrite ``nodes`` (topologically ordered NodeProtos); new constants go into
-    ``consts``; ``shapes``: static value shapes (residual adds need them). Returns (nodes,
-    descriptions of what was fused)."""
+    ``consts``; ``shapes`` / ``types``: static value shapes and ONNX element types
+    (residual adds need the shapes; the blocked layout adds its values to both). Returns
+    (nodes, descriptions of what was fused)."""
+    from .blocked_layout import apply_blocked_layout
+
     outputs = [o.name for o in graph.output]
     done: list[str] = []
     nodes = _drop_identities(nodes, outputs, done)
@@ -79,6 +84,8 @@ def apply_fusions(nodes, consts, graph, opsets, shapes=None):
     nodes = _matmul_transpose(nodes, outputs, done, shapes or {})
     nodes = _epilogues(nodes, consts, outputs, done, shapes)
     nodes = _concat_in_place(nodes, consts, outputs, done, shapes or {}, opsets)
+    if shapes is not None and types is not None:
+        nodes = apply_blocked_layout(nodes, consts, outputs, shapes, types, opsets, done)
     return nodes, _summarize(done)
 
 

@@ -155,8 +155,9 @@ def build_plan(graph: onnx.GraphProto, opsets: dict[str, int], constants: dict,
     live = _bind_all(nodes, opsets, consts, fed_names, shapes, types, outputs, folded)
     fusions: list[str] = []
     if fuse:
+        shapes, types = dict(shapes), dict(types or {})  # the blocked layout adds values
         fused, fusions = apply_fusions([n for n, _, _ in live], consts, graph, opsets,
-                                       shapes)
+                                       shapes, types)
         if fusions:
             live = _bind_all(fused, opsets, consts, fed_names, shapes, types, outputs, folded)
     return _emit(live, folded, fusions, consts, fed_names, outputs)

@@ -1,0 +1,99 @@
+/* layout16.c -- float32 reorders between NCHW [n][c][p] and the channel-blocked layout
+ * [n][c/16][p][16] (NCHW16c) that the graph executor keeps between its blocked Convs
+ * (p = the spatial size, c a multiple of 16). Both directions are 16 x 16 transposes of
+ * (16 channels) x (16 positions) tiles; torch's copy_ of the transposed view ran at
+ * 3-13 GB/s on [1, 64, 112, 112] and [8, 128, 55, 55] (2 threads, measured). */
+#include "common.h"
+
+#include <omp.h>
+
+#if defined(__x86_64__) && defined(__GNUC__) && ORT_ISA_LEVEL >= 2
+#include <immintrin.h>
+
+/* dst column j (dst + j * dstride) = src's column j: the 16 x 16 tile of rows
+ * src + i * sstride transposed in registers (pairs of rows interleaved, then pairs of
+ * pairs, then 128-bit lanes gathered from the four groups of four rows) */
+__attribute__((target("arch=x86-64-v4"))) static void
+tr16(const float *src, int64_t sstride, float *dst, int64_t dstride)
+{
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + i * sstride);
+    for (int i = 0; i < 16; i += 2) { /* lane L: a[4L] b[4L] a[4L+1] b[4L+1] / 2, 3 */
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) { /* r[i + j], lane L: column 4L + j of rows i..i+3 */
+        __m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 1]);
+        __m512d c = _mm512_castps_pd(t[i + 2]), d = _mm512_castps_pd(t[i + 3]);
+        r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    for (int j = 0; j < 4; j++) { /* column 4L + j: lane L of the four row groups */
+        __m512 lo01 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88);  /* L0 L2 of groups 0, 1 */
+        __m512 hi01 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xDD);  /* L1 L3 */
+        __m512 lo23 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
+        __m512 hi23 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xDD);
+        _mm512_storeu_ps(dst + j * dstride, _mm512_shuffle_f32x4(lo01, lo23, 0x88));
+        _mm512_storeu_ps(dst + (8 + j) * dstride, _mm512_shuffle_f32x4(lo01, lo23, 0xDD));
+        _mm512_storeu_ps(dst + (4 + j) * dstride, _mm512_shuffle_f32x4(hi01, hi23, 0x88));
+        _mm512_storeu_ps(dst + (12 + j) * dstride, _mm512_shuffle_f32x4(hi01, hi23, 0xDD));
+    }
+}
+#define TR16_VECTOR 1
+#endif
+
+/* one 16-channel group of one sample: nchw [16][p] <-> blocked [p][16] */
+static void reorder_group(const float *restrict src, float *restrict dst, int64_t p,
+                          int to_blocked)
+{
+    int64_t i = 0;
+#ifdef TR16_VECTOR
+    for (; i + 16 <= p; i += 16) {
+        if (to_blocked)
+            tr16(src + i, p, dst + i * 16, 16);
+        else
+            tr16(src + i * 16, 16, dst + i, p);
+    }
+#endif
+    for (; i < p; i++)
+        for (int c = 0; c < 16; c++) {
+            if (to_blocked)
+                dst[i * 16 + c] = src[c * p + i];
+            else
+                dst[c * p + i] = src[i * 16 + c];
+        }
+}
+
+static int reorder16(const float *x, float *y, int64_t n, int64_t c, int64_t p,
+                     int to_blocked, int nthreads)
+{
+    if (n < 0 || c < 0 || p < 0 || c % 16)
+        return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "reorder nchw16c: bad sizes n=%lld "
+                        "c=%lld (a multiple of 16) p=%lld", (long long)n, (long long)c,
+                        (long long)p);
+    int64_t groups = n * (c / 16), gsize = 16 * p;
+    int chunks = ort_num_chunks(groups, 32768 / (gsize + 1) + 1, nthreads);
+    if (chunks <= 1) {
+        for (int64_t g = 0; g < groups; g++)
+            reorder_group(x + g * gsize, y + g * gsize, p, to_blocked);
+        return ORTCPU_OK;
+    }
+#pragma omp parallel for num_threads(chunks) schedule(static)
+    for (int64_t g = 0; g < groups; g++)
+        reorder_group(x + g * gsize, y + g * gsize, p, to_blocked);
+    return ORTCPU_OK;
+}
+
+int ortcpu_to_nchw16c_f32(const float *x, float *y, int64_t n, int64_t c, int64_t p,
+                          int nthreads)
+{
+    return reorder16(x, y, n, c, p, 1, nthreads);
+}
+
+int ortcpu_from_nchw16c_f32(const float *x, float *y, int64_t n, int64_t c, int64_t p,
+                            int nthreads)
+{
+    return reorder16(x, y, n, c, p, 0, nthreads);
+}
