@@ -386,6 +386,37 @@ def test_conv_nchw16c_matches_float64(threads, nb, c, m, h, w, k, s, p, d):
 
 
 @needs_conv1x1
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("nb,k,n,hw,s", [(1, 32, 64, (14, 14), 2), (2, 64, 48, (13, 11), 2),
+                                         (3, 16, 128, (9, 10), (3, 2)),
+                                         (1, 1024, 128, (7, 7), 2)])
+def test_conv1x1s_nchw16c_matches_float64(threads, nb, k, n, hw, s):
+    """The strided blocked 1x1 (X subsampled per 16-channel plane into a scratch copy):
+    both tiles, odd maps, unequal strides; bias, blocked residual and ReLU, and a channel
+    slice of a wider output (ystride)."""
+    from ortcpu_torch._native import ffi, ptr
+
+    sh, sw = (s, s) if isinstance(s, int) else s
+    g = torch.Generator().manual_seed(12)
+    x, wt = torch.randn(nb, k, *hw, generator=g), torch.randn(n, k, generator=g)
+    b = torch.randn(n, generator=g)
+    ref = F.conv2d(x.double(), wt.double()[:, :, None, None], b.double(), (sh, sw))
+    r = torch.randn(ref.shape, generator=g)
+    ref = (ref + r.double()).relu()
+    p = ref.shape[2] * ref.shape[3]
+    pw = PackedWeight.pack(wt, True)
+    xb, rb = _blocked(x), _blocked(r)  # held: ptr() keeps no reference
+    wide = torch.full((nb, n // 16 + 2, p, 16), float("nan"))
+    y = wide[:, 1:1 + n // 16]
+    assert lib.ortcpu_conv1x1s_nchw16c(nb, n, k, *hw, sh, sw, ptr(xb), ptr(pw.data), ptr(b),
+                                       ptr(rb), 1, ptr(y), wide[0].numel(), threads) == 0
+    assert_close(y, _blocked(ref.float()), rtol=1e-5, atol=1e-5 * k ** 0.5)
+    assert wide[:, 0].isnan().all() and wide[:, -1].isnan().all()
+    assert lib.ortcpu_conv1x1s_nchw16c(nb, n, k, *hw, 0, sw, ffi.NULL, ffi.NULL, ffi.NULL,
+                                       ffi.NULL, 0, ffi.NULL, 0, threads) != 0
+
+
+@needs_conv1x1
 def test_conv1x1_nchw16c_takes_whole_channel_blocks_only():
     from ortcpu_torch._native import ffi
 

@@ -697,17 +697,24 @@ int ortcpu_conv1x1s_p16(int64_t nb, int64_t n, int64_t k, int64_t h, int64_t w, 
 /* conv1x1_nchw16c: the 1x1 convolution of conv1x1_p16 on channel-blocked tensors (the
  * layout onnxruntime's NCHWc kernels keep between layers): X [nb][k/16][p][16] ->
  * Y [nb][n/16][p][16], res in Y's layout, n and k multiples of 16, W packed as for
- * conv1x1_p16. The first kernel of a blocked-layout path for the graph executor (issue
- * 15), not bound by it yet; benchmarks/nchw16c.py measures chains of both layouts.
- * Output channels in groups of 64 with k <= 2304 run a 6-position x 64-channel tile. */
+ * conv1x1_p16; ystride as conv1x1_p16's. The graph executor's blocked regions run their
+ * Convs on these kernels (graph/ops_blocked.py); benchmarks/nchw16c.py measures chains of
+ * both layouts. Output channels in groups of 64 with k <= 2304 run a 6-position x
+ * 64-channel tile. */
 int ortcpu_conv1x1_nchw16c(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
                            const float *packed, const float *bias, const float *res,
                            int relu, float *y, int64_t ystride, int nthreads);
+/* conv1x1s_nchw16c: conv1x1s_p16 on channel-blocked tensors (X [nb][k/16][h*w][16] read
+ * subsampled at the strides into a scratch copy, then conv1x1_nchw16c's kernel). */
+int ortcpu_conv1x1s_nchw16c(int64_t nb, int64_t n, int64_t k, int64_t h, int64_t w,
+                            int64_t sh, int64_t sw, const float *x, const float *packed,
+                            const float *bias, const float *res, int relu, float *y,
+                            int64_t ystride, int nthreads);
 /* conv_nchw16c: conv_p16 on channel-blocked tensors, X [nb][c/16][H][W][16] ->
  * Y [nb][m/16][OH][OW][16] (res likewise), c and m multiples of 16; W packed as for
  * conv_p16 but with its reduction ordered (channel block, ky, kx, channel in block):
- * W [m][c/16][16][kh][kw] permuted to [m][c/16][kh][kw][16]. Not bound by the executor
- * yet (see conv1x1_nchw16c; the same two tiles, by the same rule). */
+ * W [m][c/16][16][kh][kw] permuted to [m][c/16][kh][kw][16]; ystride as conv_p16's (see
+ * conv1x1_nchw16c; the same two tiles, by the same rule). */
 int ortcpu_conv_nchw16c(const float *x, const float *packed, const float *bias,
                         const float *res, int relu, float *y, int64_t ystride,
                         const int64_t *geom, int nthreads);

@@ -832,6 +832,17 @@ c1_subsample(const float *restrict src, const int64_t *sub, float *restrict dst)
     }
 }
 
+/* the same for one 16-channel plane of a blocked X [H][W][16] (positions 16 floats) */
+static void c1_subsample16(const float *restrict src, const int64_t *sub, float *restrict dst)
+{
+    int64_t h = sub[0], w = sub[1], sh = sub[2], sw = sub[3];
+    int64_t oh = (h - 1) / sh + 1, ow = (w - 1) / sw + 1;
+    for (int64_t oy = 0; oy < oh; oy++)
+        for (int64_t ox = 0; ox < ow; ox++)
+            memcpy(dst + (oy * ow + ox) * P16, src + (oy * sh * w + ox * sw) * P16,
+                   P16 * sizeof(float));
+}
+
 /* units [u0, u1) of conv1x1_nchw16c on cq_tile: unit u is one sample, one group of 4
  * panels and one chunk of pc positions (u / chunks = sample * quads + quad) */
 __attribute__((target("arch=x86-64-v4"))) static void
@@ -904,13 +915,22 @@ static int c1_run(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
     int64_t *boff = NULL; /* blocked: where input channel c starts, from a position */
     if (blocked) {
         boff = ort_scratch((size_t)k * sizeof(int64_t));
-        if (!boff) return ort_fail(ORTCPU_E_OUT_OF_MEMORY, "conv1x1_nchw16c: scratch");
+        if (!boff) {
+            ort_scratch_free(xa);
+            return ort_fail(ORTCPU_E_OUT_OF_MEMORY, "conv1x1_nchw16c: scratch");
+        }
         for (int64_t c = 0; c < k; c++) boff[c] = c / P16 * p * P16 + c % P16;
     }
 #pragma omp parallel num_threads(t) if (t > 1)
     {
         int id = omp_get_thread_num(), nt = omp_get_num_threads();
-        if (xa) {
+        if (xa && blocked) { /* sub: each 16-channel plane subsampled */
+            int64_t planes = nb * k / P16, per = (planes + nt - 1) / nt, q0 = id * per;
+            int64_t q1 = q0 + per < planes ? q0 + per : planes;
+            for (int64_t q = q0; q < q1; q++)
+                c1_subsample16(x + q * sub[0] * sub[1] * P16, sub, xa + q * p * P16);
+#pragma omp barrier
+        } else if (xa) {
             int64_t rows = nb * k, rper = (rows + nt - 1) / nt, r0 = id * rper;
             int64_t r1 = r0 + rper < rows ? r0 + rper : rows;
             for (int64_t r = r0; r < r1; r++) {
@@ -924,8 +944,8 @@ static int c1_run(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
         int64_t grain = p16_grain(units, nt);
         for (int64_t u0, u1; p16_claim(&next, grain, units, &u0, &u1);) {
             if (quad)
-                cq_units(u0, u1, n / (4 * P16), chunks, pc, n, k, p, x, boff, packed, bias,
-                         res, relu, y, ystride);
+                cq_units(u0, u1, n / (4 * P16), chunks, pc, n, k, p, xa ? xa : x, boff,
+                         packed, bias, res, relu, y, ystride);
             else
                 c1_units(u0, u1, nb, n, k, p, pc, xa ? xa : x, xrow, boff, packed, bias, res,
                          relu, y, ystride);
@@ -953,9 +973,10 @@ int ortcpu_conv1x1_nchw16c(int64_t nb, int64_t n, int64_t k, int64_t p, const fl
     return c1_run(nb, n, k, p, x, NULL, 1, packed, bias, res, relu, y, ystride, nthreads);
 }
 
-int ortcpu_conv1x1s_p16(int64_t nb, int64_t n, int64_t k, int64_t h, int64_t w, int64_t sh,
-                        int64_t sw, const float *x, const float *packed, const float *bias,
-                        const float *res, int relu, float *y, int64_t ystride, int nthreads)
+static int c1s_run(int64_t nb, int64_t n, int64_t k, int64_t h, int64_t w, int64_t sh,
+                   int64_t sw, const float *x, int blocked, const float *packed,
+                   const float *bias, const float *res, int relu, float *y, int64_t ystride,
+                   int nthreads)
 {
     if (h < 1 || w < 1 || sh < 1 || sw < 1)
         return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv1x1s_p16: bad map %lldx%lld or "
@@ -963,7 +984,28 @@ int ortcpu_conv1x1s_p16(int64_t nb, int64_t n, int64_t k, int64_t h, int64_t w, 
                         (long long)sw);
     const int64_t sub[4] = {h, w, sh, sw};
     int64_t p = ((h - 1) / sh + 1) * ((w - 1) / sw + 1);
-    return c1_run(nb, n, k, p, x, sub, 0, packed, bias, res, relu, y, ystride, nthreads);
+    return c1_run(nb, n, k, p, x, sub, blocked, packed, bias, res, relu, y, ystride,
+                  nthreads);
+}
+
+int ortcpu_conv1x1s_p16(int64_t nb, int64_t n, int64_t k, int64_t h, int64_t w, int64_t sh,
+                        int64_t sw, const float *x, const float *packed, const float *bias,
+                        const float *res, int relu, float *y, int64_t ystride, int nthreads)
+{
+    return c1s_run(nb, n, k, h, w, sh, sw, x, 0, packed, bias, res, relu, y, ystride,
+                   nthreads);
+}
+
+int ortcpu_conv1x1s_nchw16c(int64_t nb, int64_t n, int64_t k, int64_t h, int64_t w,
+                            int64_t sh, int64_t sw, const float *x, const float *packed,
+                            const float *bias, const float *res, int relu, float *y,
+                            int64_t ystride, int nthreads)
+{
+    if (n % P16 || k % P16)
+        return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv1x1s_nchw16c: channels must be "
+                        "multiples of 16, got %lld -> %lld", (long long)k, (long long)n);
+    return c1s_run(nb, n, k, h, w, sh, sw, x, 1, packed, bias, res, relu, y, ystride,
+                   nthreads);
 }
 
 /* threads split the panels in pairs, so each thread's tiles are two panels wide */
@@ -1078,6 +1120,15 @@ int ortcpu_conv1x1_nchw16c(int64_t nb, int64_t n, int64_t k, int64_t p, const fl
     (void)relu; (void)y; (void)ystride; (void)nthreads;
     return ort_fail(ORTCPU_E_INVALID_ARGUMENT,
                     "conv1x1_nchw16c: not in this build (x86-64-v4 only)");
+}
+
+int ortcpu_conv1x1s_nchw16c(int64_t nb, int64_t n, int64_t k, int64_t h, int64_t w,
+                            int64_t sh, int64_t sw, const float *x, const float *packed,
+                            const float *bias, const float *res, int relu, float *y,
+                            int64_t ystride, int nthreads)
+{
+    return ortcpu_conv1x1s_p16(nb, n, k, h, w, sh, sw, x, packed, bias, res, relu, y, ystride,
+                               nthreads); /* "not in this build" */
 }
 
 int ortcpu_conv1x1s_p16(int64_t nb, int64_t n, int64_t k, int64_t h, int64_t w, int64_t sh,

@@ -21,8 +21,8 @@ needs_blocked = pytest.mark.skipif(not lib.ortcpu_conv_p16_available(),
 
 CONVS = {  # name: (in, out, kernel, stride, pad)
     "stem": (3, 32, 3, 2, 1), "c1": (32, 32, 1, 1, 0), "c2": (32, 32, 3, 1, 1),
-    "c3": (32, 64, 3, 2, 1), "e1": (64, 16, 1, 1, 0), "e2": (64, 48, 3, 1, 1),
-    "odd": (128, 24, 1, 1, 0),
+    "c3": (32, 64, 3, 2, 1), "e1": (64, 16, 1, 1, 0), "e2": (64, 64, 3, 1, 1),
+    "odd": (160, 24, 1, 1, 0),
 }
 
 
@@ -77,7 +77,7 @@ def _model(p, batch, h, w):
        pads=[0, 0, 1, 1], count_include_pad=1)
     op("Add", ["q1", "q2"], "q12")
     op("Add", ["q12", "q3"], "q")
-    op("Concat", ["q", "q1"], "cat2", axis=-3)  # 128 channels, a copy
+    op("Concat", ["q", "q1"], "cat2", axis=-3)  # 160 channels, a copy
     conv("odd", "cat2", "o")
     op("GlobalAveragePool", ["cat2"], "gap")
     shape = _reference(p, torch.zeros(batch, 3, h, w, dtype=torch.float64))
