@@ -256,8 +256,14 @@ pool16_window(const float *x, const pool_geom *q, const int64_t *lo, const int64
         __m512 m = _mm512_set1_ps(-INFINITY);
         for (int64_t id = lo[0]; id < hi[0]; id++)
             for (int64_t ih = lo[1]; ih < hi[1]; ih++) {
-                const float *r = x + (id * iH + ih) * iW * PB16;
-                for (int64_t iw = lo[2]; iw < hi[2]; iw++)
+                const float *r = x + ((id * iH + ih) * iW + lo[2]) * PB16;
+                if (hi[2] - lo[2] == 3) { /* the usual 3-wide window, unrolled */
+                    m = mp_nanmax512(m, _mm512_loadu_ps(r));
+                    m = mp_nanmax512(m, _mm512_loadu_ps(r + PB16));
+                    m = mp_nanmax512(m, _mm512_loadu_ps(r + 2 * PB16));
+                    continue;
+                }
+                for (int64_t iw = 0; iw < hi[2] - lo[2]; iw++)
                     m = mp_nanmax512(m, _mm512_loadu_ps(r + iw * PB16));
             }
         _mm512_storeu_ps(out, m);
@@ -302,11 +308,17 @@ static void pool16_window(const float *x, const pool_geom *q, const int64_t *lo,
 }
 #endif
 
-/* output rows [r0, r1): row r is (plane, od, oh) in row-major order */
+/* output rows [r0, r1): row r is (plane, od, oh) in row-major order. Inputs beyond
+ * MP_AHEAD_BYTES come from L3 or memory: each row fetches the input rows its stride moves
+ * past, two output rows ahead (into the next plane at a plane's end); squeezenet b8's
+ * 3x3/2 pool of 8x128x55x55 in the graph, 2 threads: 0.61 -> 0.48 ms */
 static void pool16_rows(const pool16_ctx *c, int64_t r0, int64_t r1)
 {
     const pool_geom *q = c->q;
     const int64_t oD = q->out[0], oH = q->out[1], oW = q->out[2];
+    const int64_t rowb = q->in[2] * PB16 * (int64_t)sizeof(float); /* an input row */
+    const char *end = (const char *)(c->x + q->planes * q->isz * PB16);
+    int ahead = (double)q->planes * (double)q->isz * PB16 * sizeof(float) > MP_AHEAD_BYTES;
     for (int64_t r = r0; r < r1; r++) {
         int64_t oh = r % oH, od = r / oH % oD, p = r / (oH * oD);
         const float *x = c->x + p * q->isz * PB16;
@@ -314,6 +326,12 @@ static void pool16_rows(const pool16_ctx *c, int64_t r0, int64_t r1)
         int64_t lo[3], hi[3], pl[3];
         pool_window(q, 0, od, &lo[0], &hi[0], &pl[0]);
         pool_window(q, 1, oh, &lo[1], &hi[1], &pl[1]);
+        if (ahead) {
+            const char *a0 = (const char *)(x + (lo[0] * q->in[1] + hi[1]) * q->in[2] * PB16) +
+                             q->s[1] * rowb;
+            const char *a1 = a0 + q->s[1] * rowb;
+            for (const char *a = a0; a < a1 && a < end; a += 64) __builtin_prefetch(a);
+        }
         for (int64_t ow = 0; ow < oW; ow++, y += PB16) {
             pool_window(q, 2, ow, &lo[2], &hi[2], &pl[2]);
             double dv = c->max ? 0 : avg_divisor_f32(q, c->include_pad, 0, lo, hi, pl);
