@@ -1,5 +1,6 @@
 """The channel-blocked (NCHW16c) helpers of the graph executor's blocked regions: the
-reorders NCHW <-> [N][C/16][P][16] (16 x 16 tiles and the leftover positions) and the
+reorders NCHW <-> [N][Cp/16][P][16] (16 x 16 tiles, leftover positions, channels padded
+with zeros) and the
 blocked MaxPool / AveragePool, against the NCHW kernels on every build (the AVX-512 paths
 and the portable ones)."""
 
@@ -17,24 +18,30 @@ def _blocked(x):
     return x.reshape(n, c // 16, 16, h * w).permute(0, 1, 3, 2).contiguous()
 
 
-@pytest.mark.parametrize("shape", [(1, 16, 1, 1), (2, 32, 5, 7), (3, 48, 4, 4),
-                                   (1, 64, 17, 1), (2, 16, 33, 35), (0, 16, 3, 3)])
+@pytest.mark.parametrize("shape,cp", [((1, 16, 1, 1), 16), ((2, 32, 5, 7), 32),
+                                      ((3, 48, 4, 4), 48), ((1, 64, 17, 1), 64),
+                                      ((2, 16, 33, 35), 16), ((0, 16, 3, 3), 16),
+                                      ((2, 24, 5, 4), 32), ((1, 1000, 3, 6), 1024),
+                                      ((2, 5, 16, 1), 16)])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_reorders_round_trip(shape, threads):
+def test_reorders_round_trip(shape, cp, threads):
+    """Whole 16 x 16 tiles and leftover positions; channel counts padded to cp (zeros)."""
     n, c, h, w = shape
     x = torch.randn(shape)
-    y = torch.full((n, c // 16, h * w, 16), float("nan"))
-    assert lib.ortcpu_to_nchw16c_f32(ptr(x), ptr(y), n, c, h * w, threads) == 0
-    assert torch.equal(y, _blocked(x))
+    y = torch.full((n, cp // 16, h * w, 16), float("nan"))
+    assert lib.ortcpu_to_nchw16c_f32(ptr(x), ptr(y), n, c, cp, h * w, threads) == 0
+    padded = torch.cat([x, x.new_zeros(n, cp - c, h, w)], 1)
+    assert torch.equal(y, _blocked(padded))
     back = torch.full(shape, float("nan"))
-    assert lib.ortcpu_from_nchw16c_f32(ptr(y), ptr(back), n, c, h * w, threads) == 0
+    assert lib.ortcpu_from_nchw16c_f32(ptr(y), ptr(back), n, c, cp, h * w, threads) == 0
     assert torch.equal(back, x)
 
 
-def test_reorders_take_whole_channel_blocks_only():
+def test_reorders_take_a_padded_count_of_whole_blocks_only():
     for fn in (lib.ortcpu_to_nchw16c_f32, lib.ortcpu_from_nchw16c_f32):
-        assert fn(ffi.NULL, ffi.NULL, 1, 24, 4, 1) != 0
-        assert fn(ffi.NULL, ffi.NULL, -1, 16, 4, 1) != 0
+        assert fn(ffi.NULL, ffi.NULL, 1, 24, 24, 4, 1) != 0  # not a multiple of 16
+        assert fn(ffi.NULL, ffi.NULL, 1, 40, 32, 4, 1) != 0  # fewer than the channels
+        assert fn(ffi.NULL, ffi.NULL, -1, 16, 16, 4, 1) != 0
 
 
 POOLS = [  # (attrs, input H x W)

@@ -718,13 +718,13 @@ int ortcpu_conv1x1s_nchw16c(int64_t nb, int64_t n, int64_t k, int64_t h, int64_t
 int ortcpu_conv_nchw16c(const float *x, const float *packed, const float *bias,
                         const float *res, int relu, float *y, int64_t ystride,
                         const int64_t *geom, int nthreads);
-/* to_nchw16c / from_nchw16c (layout16.c): float32 X [n][c][p] -> Y [n][c/16][p][16] and
- * back, c a multiple of 16 (the graph executor's reorders at the edges of its
- * channel-blocked regions). */
-int ortcpu_to_nchw16c_f32(const float *x, float *y, int64_t n, int64_t c, int64_t p,
-                          int nthreads);
-int ortcpu_from_nchw16c_f32(const float *x, float *y, int64_t n, int64_t c, int64_t p,
-                            int nthreads);
+/* to_nchw16c / from_nchw16c (layout16.c): float32 X [n][c][p] -> Y [n][cp/16][p][16] and
+ * back, cp >= c a multiple of 16 (channels c.. cp written as zeros, not read back): the
+ * graph executor's reorders at the edges of its channel-blocked regions. */
+int ortcpu_to_nchw16c_f32(const float *x, float *y, int64_t n, int64_t c, int64_t cp,
+                          int64_t p, int nthreads);
+int ortcpu_from_nchw16c_f32(const float *x, float *y, int64_t n, int64_t c, int64_t cp,
+                            int64_t p, int nthreads);
 /* lrn (lrn.c): ONNX LRN across channels on float32 NCHW x [n][c][p] (p = the spatial
  * size) into y (not x): y = x / (bias + alpha / size * sum of x^2 over the channel window
  * [c - floor((size-1)/2), c + ceil((size-1)/2)] clipped to [0, c))^beta. */

@@ -1,6 +1,6 @@
 /* layout16.c -- float32 reorders between NCHW [n][c][p] and the channel-blocked layout
- * [n][c/16][p][16] (NCHW16c) that the graph executor keeps between its blocked Convs
- * (p = the spatial size, c a multiple of 16). Both directions are 16 x 16 transposes of
+ * [n][cp/16][p][16] (NCHW16c) that the graph executor keeps between its blocked Convs
+ * (p = the spatial size; cp >= c a multiple of 16, the channels beyond c zeros). Both directions are 16 x 16 transposes of
  * (16 channels) x (16 positions) tiles; torch's copy_ of the transposed view ran at
  * 3-13 GB/s on [1, 64, 112, 112] and [8, 128, 55, 55] (2 threads, measured). */
 #include "common.h"
@@ -44,13 +44,15 @@ tr16(const float *src, int64_t sstride, float *dst, int64_t dstride)
 #define TR16_VECTOR 1
 #endif
 
-/* one 16-channel group of one sample: nchw [16][p] <-> blocked [p][16] */
-static void reorder_group(const float *restrict src, float *restrict dst, int64_t p,
+/* one 16-channel group of one sample: nchw [cg][p] <-> blocked [p][16], cg <= 16 channels
+ * (the last group of a count that is not a multiple of 16: the blocked side's other lanes
+ * are zeros, or not read) */
+static void reorder_group(const float *restrict src, float *restrict dst, int64_t p, int cg,
                           int to_blocked)
 {
     int64_t i = 0;
 #ifdef TR16_VECTOR
-    for (; i + 16 <= p; i += 16) {
+    for (; cg == 16 && i + 16 <= p; i += 16) {
         if (to_blocked)
             tr16(src + i, p, dst + i * 16, 16);
         else
@@ -60,40 +62,44 @@ static void reorder_group(const float *restrict src, float *restrict dst, int64_
     for (; i < p; i++)
         for (int c = 0; c < 16; c++) {
             if (to_blocked)
-                dst[i * 16 + c] = src[c * p + i];
-            else
+                dst[i * 16 + c] = c < cg ? src[c * p + i] : 0.0f;
+            else if (c < cg)
                 dst[c * p + i] = src[i * 16 + c];
         }
 }
 
-static int reorder16(const float *x, float *y, int64_t n, int64_t c, int64_t p,
+static int reorder16(const float *x, float *y, int64_t n, int64_t c, int64_t cp, int64_t p,
                      int to_blocked, int nthreads)
 {
-    if (n < 0 || c < 0 || p < 0 || c % 16)
+    if (n < 0 || c < 0 || p < 0 || cp % 16 || cp < c)
         return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "reorder nchw16c: bad sizes n=%lld "
-                        "c=%lld (a multiple of 16) p=%lld", (long long)n, (long long)c,
-                        (long long)p);
-    int64_t groups = n * (c / 16), gsize = 16 * p;
-    int chunks = ort_num_chunks(groups, 32768 / (gsize + 1) + 1, nthreads);
-    if (chunks <= 1) {
-        for (int64_t g = 0; g < groups; g++)
-            reorder_group(x + g * gsize, y + g * gsize, p, to_blocked);
-        return ORTCPU_OK;
+                        "c=%lld padded to %lld (a multiple of 16, at least c) p=%lld",
+                        (long long)n, (long long)c, (long long)cp, (long long)p);
+    int64_t blocks = cp / 16, groups = n * blocks;
+    if (groups == 0 || p == 0) return ORTCPU_OK;
+    int chunks = ort_num_chunks(groups, 32768 / (16 * p + 1) + 1, nthreads);
+#pragma omp parallel for num_threads(chunks) schedule(static) if (chunks > 1)
+    for (int64_t g = 0; g < groups; g++) {
+        int64_t s = g / blocks, b = g % blocks;
+        int64_t cg = c - b * 16 < 16 ? (c - b * 16 > 0 ? c - b * 16 : 0) : 16;
+        const float *nchw = (to_blocked ? x : y) + (s * c + b * 16) * p;
+        float *blk = (to_blocked ? y : x) + g * 16 * p;
+        if (to_blocked)
+            reorder_group(nchw, blk, p, (int)cg, 1);
+        else if (cg)
+            reorder_group(blk, (float *)nchw, p, (int)cg, 0);
     }
-#pragma omp parallel for num_threads(chunks) schedule(static)
-    for (int64_t g = 0; g < groups; g++)
-        reorder_group(x + g * gsize, y + g * gsize, p, to_blocked);
     return ORTCPU_OK;
 }
 
-int ortcpu_to_nchw16c_f32(const float *x, float *y, int64_t n, int64_t c, int64_t p,
-                          int nthreads)
+int ortcpu_to_nchw16c_f32(const float *x, float *y, int64_t n, int64_t c, int64_t cp,
+                          int64_t p, int nthreads)
 {
-    return reorder16(x, y, n, c, p, 1, nthreads);
+    return reorder16(x, y, n, c, cp, p, 1, nthreads);
 }
 
-int ortcpu_from_nchw16c_f32(const float *x, float *y, int64_t n, int64_t c, int64_t p,
-                            int nthreads)
+int ortcpu_from_nchw16c_f32(const float *x, float *y, int64_t n, int64_t c, int64_t cp,
+                            int64_t p, int nthreads)
 {
-    return reorder16(x, y, n, c, p, 0, nthreads);
+    return reorder16(x, y, n, c, cp, p, 0, nthreads);
 }

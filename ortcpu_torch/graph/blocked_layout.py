@@ -1,8 +1,9 @@
 """The channel-blocked layout (NCHW16c) of inference graphs, the last rewrite of
 ``fusions.apply_fusions``.
 
-Float32 Convs with constant weights, one group and channels in whole blocks of 16 run on
-the blocked kernels (native ``conv_nchw16c`` / ``conv1x1_nchw16c``: every tile reads 16
+Float32 Convs with constant weights, one group and input channels in whole blocks of 16
+(outputs padded with zero channels to a block, or to 64: ``padded_channels``) run on the
+blocked kernels (native ``conv_nchw16c`` / ``conv1x1_nchw16c``: every tile reads 16
 consecutive channels of a position, one cache line), and the values between them stay
 blocked, [N, C/16, H, W, 16]: pools (``Pool16c``), Relu, Add and channel Concat run on
 them as they are (elementwise ops and a Concat of whole blocks along dim 1 do not care),
@@ -39,8 +40,9 @@ if _LAYOUT[0] not in LAYOUTS:
 
 _ONNX = ("", "ai.onnx")
 _POOLS = ("MaxPool", "AveragePool", "GlobalAveragePool")
-#: ops that run on blocked values unchanged when every data input is blocked
-_LAYOUT_FREE = ("Relu", "Add", "Concat")
+#: ops that run on blocked values unchanged when every data input is blocked (Dropout:
+#: inference only, where it returns its input)
+_LAYOUT_FREE = ("Relu", "Add", "Concat", "Dropout")
 _EPILOGUES = ([], ["relu"], ["add"], ["add", "relu"])
 
 
@@ -56,15 +58,29 @@ def get_layout() -> str:
     return _LAYOUT[0]
 
 
+def padded_channels(c: int) -> int:
+    """The blocked channel count of ``c`` channels: ``c`` in whole blocks, else rounded up
+    to 16, or to 64 (the 6 x 64 tile's groups) where that adds at most 1/16 (squeezenet's
+    1000-class Conv: 1024). The channels beyond ``c`` hold zeros."""
+    if c % BLOCK == 0:
+        return c
+    c64 = -(-c // 64) * 64
+    return c64 if c > 64 and c64 - c <= c // 16 else -(-c // BLOCK) * BLOCK
+
+
 def blocked_shape(shape) -> tuple:
-    """[N, C, H, W] -> [N, C/16, H, W, 16]."""
+    """[N, C, H, W] -> [N, padded_channels(C)/16, H, W, 16]."""
     n, c, h, w = shape
-    return (n, c // BLOCK, h, w, BLOCK)
+    return (n, padded_channels(c) // BLOCK, h, w, BLOCK)
+
+
+def _static4(shape) -> bool:
+    return shape is not None and len(shape) == 4 and \
+        all(isinstance(d, int) and d >= 1 for d in shape)
 
 
 def _whole_blocks(shape) -> bool:
-    return shape is not None and len(shape) == 4 and \
-        all(isinstance(d, int) and d >= 1 for d in shape) and shape[1] % BLOCK == 0
+    return _static4(shape) and shape[1] % BLOCK == 0
 
 
 def _meta(shape):
@@ -107,7 +123,8 @@ def _conv_ok(node, consts, shapes, types) -> bool:
         return False
     xs, ys = shapes.get(x), shapes.get(node.output[0])
     if types.get(x) not in (None, onnx.TensorProto.FLOAT) or x in consts or \
-            not _whole_blocks(xs) or not _whole_blocks(ys):
+            not _whole_blocks(xs) or not _static4(ys) or ys[1] < BLOCK or \
+            (ys[1] % BLOCK and (res or buf)):  # padded outputs: no residual, no Concat
         return False
     try:
         geom, out = conv_geometry("Conv", _meta(xs), _meta(w.shape), **_own_attrs(node))
@@ -140,7 +157,7 @@ def _pool_ok(node, shapes, used) -> bool:
     if any(used.get(o) for o in node.output[1:] if o):  # MaxPool's Indices
         return False
     xs, ys = shapes.get(node.input[0]), shapes.get(node.output[0])
-    if not _whole_blocks(xs) or not _whole_blocks(ys):
+    if not _static4(xs) or not _static4(ys):
         return False
     kw = pool_kwargs(node.op_type, _own_attrs(node), xs[2:])
     if kw is None:
@@ -152,12 +169,14 @@ def _pool_ok(node, shapes, used) -> bool:
     return tuple(out) == tuple(ys[2:])
 
 
-def _free_ok(node, shapes) -> bool:
+def _free_ok(node, shapes, used) -> bool:
     if node.op_type not in _LAYOUT_FREE or node.domain not in _ONNX:
         return False
     ys = shapes.get(node.output[0])
-    if not _whole_blocks(ys) or len(node.output) != 1:
+    if not _static4(ys) or any(used.get(o) for o in node.output[1:] if o):
         return False
+    if node.op_type == "Dropout":  # no training_mode input, no mask read: the identity
+        return (len(node.input) < 3 or not node.input[2]) and shapes.get(node.input[0]) == ys
     ins = [shapes.get(i) for i in node.input]
     if node.op_type == "Concat":
         axis = parse_attrs(node).get("axis")
@@ -202,7 +221,7 @@ def apply_blocked_layout(nodes, consts, outputs, shapes, types, opsets, done):
             role[id(n)] = "conv"
         elif _pool_ok(n, shapes, used):
             role[id(n)] = "pool"
-        elif _free_ok(n, shapes):
+        elif _free_ok(n, shapes, used):
             role[id(n)] = "free"
     for buf, node in groups.buffer.items():
         convs, cat = groups.convs.get(buf, []), groups.concat.get(buf)
@@ -226,7 +245,7 @@ def _data_inputs(node, role) -> list:
     if r == "conv":
         (x, *_), res, buf = conv_inputs(node)
         return [i for i in (x, res, buf) if i]
-    if r == "pool":
+    if r == "pool" or node.op_type == "Dropout":
         return [node.input[0]]
     return [i for i in node.input if i]
 

@@ -25,6 +25,7 @@ def _internal(op_type):
 
 
 def _nchw(blocked) -> tuple:
+    """The NCHW shape of a blocked one (its padded channel count)."""
     n, cb, h, w, _ = blocked
     return (n, cb * BLOCK, h, w)
 
@@ -44,7 +45,7 @@ def _to_blocked(ctx):
         x = x.contiguous()
         _expect(x, xs, "ToNCHW16c")
         y = empty(ys, torch.float32)
-        _reorder(lib.ortcpu_to_nchw16c_f32, x, y, xs)
+        _reorder(lib.ortcpu_to_nchw16c_f32, x, y, xs, ys[1] * BLOCK)
         return y
     return to_blocked
 
@@ -54,12 +55,14 @@ def _from_blocked(ctx):
     xs, ys = tuple(ctx.input_shapes[0]), tuple(ctx.output_shapes[0])
     p = ys[2] * ys[3]
 
+    n, c, cp = ys[0], ys[1], xs[1] * BLOCK
+
     def from_blocked(x):
         _expect(x, xs, "FromNCHW16c")
-        if p == 1:  # one position: both layouts are the same memory
-            return x.view(ys)
+        if p == 1:  # one position: both layouts are the same memory (less the padding)
+            return x.view(ys) if c == cp else x.view(n, cp)[:, :c].contiguous().view(ys)
         y = empty(ys, torch.float32)
-        _reorder(lib.ortcpu_from_nchw16c_f32, x, y, ys)
+        _reorder(lib.ortcpu_from_nchw16c_f32, x, y, ys, cp)
         return y
     return from_blocked
 
@@ -78,6 +81,10 @@ def _conv16c(ctx):
     w = ctx.const(1).contiguous()
     b = ctx.const(2) if bias_name and bias_name[0] else None
     xs, ys = tuple(ctx.input_shapes[0]), tuple(ctx.output_shapes[0])
+    pad = ys[1] * BLOCK - w.shape[0]  # output channels padded with zeros (padded_channels)
+    if pad:
+        b = torch.cat([b if b is not None else w.new_zeros(w.shape[0]), w.new_zeros(pad)])
+        w = torch.cat([w, w.new_zeros(pad, *w.shape[1:])])
     geom, _ = conv_geometry("Conv", torch.empty(_nchw(xs), device="meta"),
                             torch.empty(w.shape, device="meta"), **ctx.attrs)
     g16 = infer_geometry(geom)
@@ -158,20 +165,21 @@ def _direct(xs, w, b, g16, relu, subsampled=False):
 
 def _reordered(xs, ys, w, b, geom, relu):
     """The training kernel's forward (native ``conv_forward``, its algorithm chosen by
-    the native code) between reorders; the residual and ReLU applied blocked, in place."""
+    the native code) between reorders; the residual and ReLU applied blocked, in place.
+    (``w`` padded to Y's blocks: the padded channels compute zeros.)"""
     xn, yn = _nchw(xs), _nchw(ys)
     cgeom = ffi.new("int64_t[]", geom)
     fwd = native_fn("conv_forward", torch.float32)
 
     def reordered(x, out, r):
         x4, y4 = empty(xn, torch.float32), empty(yn, torch.float32)
-        _reorder(lib.ortcpu_from_nchw16c_f32, x, x4, xn)
+        _reorder(lib.ortcpu_from_nchw16c_f32, x, x4, xn, xn[1])
         check_status(fwd(ptr(x4), ptr(w), ptr(b), ptr(y4), cgeom, get_num_threads()), "Conv")
         if out.is_contiguous():
-            _reorder(lib.ortcpu_to_nchw16c_f32, y4, out, yn)
+            _reorder(lib.ortcpu_to_nchw16c_f32, y4, out, yn, yn[1])
         else:  # a Concat buffer's slice: sample by sample
             for s in range(yn[0]):
-                _reorder(lib.ortcpu_to_nchw16c_f32, y4[s], out[s], (1, *yn[1:]))
+                _reorder(lib.ortcpu_to_nchw16c_f32, y4[s], out[s], (1, *yn[1:]), yn[1])
         if r is not None:
             out.add_(r.view(out.shape))
         return out.relu_() if relu else out
@@ -179,8 +187,10 @@ def _reordered(xs, ys, w, b, geom, relu):
     return reordered
 
 
-def _reorder(fn, src, dst, nchw):
-    check_status(fn(ptr(src), ptr(dst), nchw[0], nchw[1], nchw[2] * nchw[3],
+def _reorder(fn, src, dst, nchw, cp):
+    """``fn`` (to / from NCHW16c) between NCHW ``nchw`` and its blocked form of ``cp``
+    channels."""
+    check_status(fn(ptr(src), ptr(dst), nchw[0], nchw[1], cp, nchw[2] * nchw[3],
                     get_num_threads()), "reorder")
 
 

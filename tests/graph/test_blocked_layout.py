@@ -1,10 +1,13 @@
 """The executor's channel-blocked (NCHW16c) regions (``graph/blocked_layout.py``): a CNN
 with a 3-channel stem, residual, a Concat written in place, pools, a layout-free Add and
-Concat, a 24-channel Conv (not whole blocks), a global pool and a blocked value that is
-also a graph output, against torch in float64, with both Conv16c kernels and without the
-layout; a lone Conv stays NCHW; float64 graphs and AVX2 builds keep NCHW."""
+Concat, 24- and 1000-channel Convs (outputs padded to whole blocks, pooled), global pools
+and blocked values that are also graph outputs, against torch in float64, with both
+Conv16c kernels and without the layout; a lone Conv stays NCHW; float64 graphs and AVX2
+builds keep NCHW."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -22,7 +25,7 @@ needs_blocked = pytest.mark.skipif(not lib.ortcpu_conv_p16_available(),
 CONVS = {  # name: (in, out, kernel, stride, pad)
     "stem": (3, 32, 3, 2, 1), "c1": (32, 32, 1, 1, 0), "c2": (32, 32, 3, 1, 1),
     "c3": (32, 64, 3, 2, 1), "e1": (64, 16, 1, 1, 0), "e2": (64, 64, 3, 1, 1),
-    "odd": (160, 24, 1, 1, 0),
+    "odd": (160, 24, 1, 1, 0), "cls": (160, 1000, 1, 1, 0),
 }
 
 
@@ -78,11 +81,16 @@ def _model(p, batch, h, w):
     op("Add", ["q1", "q2"], "q12")
     op("Add", ["q12", "q3"], "q")
     op("Concat", ["q", "q1"], "cat2", axis=-3)  # 160 channels, a copy
-    conv("odd", "cat2", "o")
+    conv("odd", "cat2", "o")  # 24 channels: blocked as 32, the graph output NCHW
     op("GlobalAveragePool", ["cat2"], "gap")
+    op("Dropout", ["cat2"], "cd")  # inference: the identity, on blocked values too
+    conv("cls", "cd", "k")  # 1000 channels: blocked as 1024
+    op("Relu", ["k"], "kr")
+    op("MaxPool", ["kr"], "kp", kernel_shape=[2, 2], pads=[0, 0, 1, 1])
+    op("GlobalAveragePool", ["kp"], "kg")
     shape = _reference(p, torch.zeros(batch, 3, h, w, dtype=torch.float64))
     outs = [helper.make_tensor_value_info(n, TP.FLOAT, list(t.shape))
-            for n, t in zip(("o", "gap", "r4"), shape, strict=True)]
+            for n, t in zip(("o", "gap", "r4", "kp", "kg"), shape, strict=True)]
     g = helper.make_graph(nodes, "blocked", [helper.make_tensor_value_info(
         "x", TP.FLOAT, [batch, 3, h, w])], outs, inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
@@ -108,7 +116,9 @@ def _reference(p, x):
     q2 = F.avg_pool2d(cat, 3, 2, ceil_mode=True, count_include_pad=False)
     q3 = F.avg_pool2d(F.pad(cat, (0, 1, 0, 1)), 3, 2)  # end pads counted
     cat2 = torch.cat([q1 + q2 + q3, q1], 1)
-    return conv("odd", cat2), cat2.mean((2, 3), keepdim=True), r4
+    kp = F.max_pool2d(F.pad(conv("cls", cat2).relu(), (0, 1, 0, 1), value=-math.inf), 2, 1)
+    return conv("odd", cat2), cat2.mean((2, 3), keepdim=True), r4, kp, \
+        kp.mean((2, 3), keepdim=True)
 
 
 def _run(model, x):
@@ -125,10 +135,14 @@ def test_blocked_regions_match_torch_float64_and_the_nchw_plan(batch, h, w):
     ref = _reference(p, x.double())
     sess, got = _run(model, x)
     counts = sess.executor._plans and next(iter(sess.executor._plans.values())).counts()
-    assert counts["ortcpu_torch.graph.Conv16c"]["kernel"] == 5  # c1, c2, c3, e1, e2
-    assert counts["Conv"]["kernel"] == 2  # the 3-channel stem, the 24-channel Conv
-    assert counts["ortcpu_torch.graph.Pool16c"]["kernel"] == 4
+    # c1, c2, c3, e1, e2 and the 24- and 1000-channel Convs (outputs padded to blocks)
+    assert counts["ortcpu_torch.graph.Conv16c"]["kernel"] == 7
+    assert counts["Conv"]["kernel"] == 1  # the 3-channel stem
+    assert counts["ortcpu_torch.graph.Pool16c"]["kernel"] == 6
     assert any("NCHW16c" in f for f in sess._last_plan.fusions)
+    # reorders: the stem's pool in; o, r4 and kp out (gap and kg, one position: views)
+    assert counts["ortcpu_torch.graph.ToNCHW16c"]["kernel"] == 1
+    assert counts["ortcpu_torch.graph.FromNCHW16c"]["kernel"] == 5
     for g, r in zip(got, ref, strict=True):
         torch.testing.assert_close(g.double(), r, rtol=1e-4, atol=1e-4)
     blocked_layout.set_layout("nchw")
