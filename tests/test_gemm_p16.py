@@ -417,6 +417,38 @@ def test_conv1x1s_nchw16c_matches_float64(threads, nb, k, n, hw, s):
 
 
 @needs_conv1x1
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("nb,c,m,h,w,k,s,p", [(1, 3, 64, 23, 21, 7, 2, 3),
+                                              (2, 3, 128, 15, 17, 3, 2, 0),
+                                              (3, 5, 64, 9, 9, 3, 1, 1)])
+def test_conv_nchw_to16c_matches_float64(threads, nb, c, m, h, w, k, s, p):
+    """A stem: NCHW X of a few channels into channel-blocked Y on the 6 x 64 tile (padded
+    and unpadded, strides 1 and 2, one or two 64-channel groups, odd rows); bias, blocked
+    residual, ReLU and a channel slice of a wider output."""
+    from ortcpu_torch._native import ffi, ptr
+
+    g = torch.Generator().manual_seed(13)
+    x, wt = torch.randn(nb, c, h, w, generator=g), torch.randn(m, c, k, k, generator=g)
+    b = torch.randn(m, generator=g)
+    ref = F.conv2d(x.double(), wt.double(), b.double(), s, p)
+    r = torch.randn(ref.shape, generator=g)
+    ref = (ref + r.double()).relu()
+    oh, ow = ref.shape[2:]
+    pw = PackedWeight.pack(wt.reshape(m, -1), True)
+    geom = ffi.new("int64_t[]", [nb, c, h, w, m, 1, k, k, oh, ow, s, s, p, p, 1, 1])
+    rb = _blocked(r)  # held: ptr() keeps no reference
+    wide = torch.full((nb, m // 16 + 1, oh * ow, 16), float("nan"))
+    y = wide[:, 1:]
+    assert lib.ortcpu_conv_nchw_to16c(ptr(x), ptr(pw.data), ptr(b), ptr(rb), 1, ptr(y),
+                                      wide[0].numel(), geom, threads) == 0
+    assert_close(y, _blocked(ref.float()), rtol=1e-5, atol=1e-5 * (c * k * k) ** 0.5)
+    assert wide[:, 0].isnan().all()
+    geom[4] = 48  # not a group of 64 output channels
+    assert lib.ortcpu_conv_nchw_to16c(ptr(x), ptr(pw.data), ptr(b), ffi.NULL, 0, ptr(y), 0,
+                                      geom, threads) != 0
+
+
+@needs_conv1x1
 def test_conv1x1_nchw16c_takes_whole_channel_blocks_only():
     from ortcpu_torch._native import ffi
 

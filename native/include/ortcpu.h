@@ -725,6 +725,13 @@ int ortcpu_to_nchw16c_f32(const float *x, float *y, int64_t n, int64_t c, int64_
                           int64_t p, int nthreads);
 int ortcpu_from_nchw16c_f32(const float *x, float *y, int64_t n, int64_t c, int64_t cp,
                             int64_t p, int nthreads);
+/* conv_nchw_to16c: conv_p16's X (NCHW, any channel count) into a channel-blocked Y
+ * [nb][m/16][OH*OW][16] (res likewise) on the 6 x 64 tile: m a multiple of 64 and
+ * c*kh*kw at most 2304, W packed as for conv_p16 (a network's stem: 3 channels in, its
+ * output kept blocked). */
+int ortcpu_conv_nchw_to16c(const float *x, const float *packed, const float *bias,
+                           const float *res, int relu, float *y, int64_t ystride,
+                           const int64_t *geom, int nthreads);
 /* lrn (lrn.c): ONNX LRN across channels on float32 NCHW x [n][c][p] (p = the spatial
  * size) into y (not x): y = x / (bias + alpha / size * sum of x^2 over the channel window
  * [c - floor((size-1)/2), c + ceil((size-1)/2)] clipped to [0, c))^beta. */

@@ -637,6 +637,7 @@ typedef struct {
     int64_t ystride; /* elements per sample of y */
     int relu;
     int blocked; /* conv_nchw16c: X, Y and res channel-blocked, positions 16 floats apart */
+    int64_t xstep; /* floats from one X position to the next (16 blocked, 1 NCHW) */
 } cg_ctx;
 
 /* units [u0, u1): unit u is output row u % oh of one sample and one panel pair, ordered
@@ -704,12 +705,12 @@ cq_rows(const cg_ctx *g, int64_t u0, int64_t u1)
         for (int64_t ox = 0, t = 0, R; ox < g->ow; ox += R, t++) {
             R = cq_len(g->ow, t);
             cq_fetch_next(g->packed, j0, n, k, oy * row_tiles + t, g->oh * row_tiles);
-            const float *xb = xrow + ox * g->sw * P16;
+            const float *xb = xrow + ox * g->sw * g->xstep;
             const float *ri = g->res ? g->res + o + ox * P16 : NULL;
             float *yi = g->y + yo + ox * P16;
 #define CQ_ROW(r)                                                                           \
     case r:                                                                                 \
-        cq_tile(r, xb, g->off, g->sw * P16, pk, k, bj, ri, g->relu, yi, p);                 \
+        cq_tile(r, xb, g->off, g->sw * g->xstep, pk, k, bj, ri, g->relu, yi, p);            \
         break;
             switch (R) {
                 CQ_ROW(6) CQ_ROW(5) CQ_ROW(4) CQ_ROW(3) CQ_ROW(2) default: CQ_ROW(1)
@@ -719,13 +720,17 @@ cq_rows(const cg_ctx *g, int64_t u0, int64_t u1)
     }
 }
 
-/* conv_p16, or with ``blocked`` conv_nchw16c: X [nb][c/16][H][W][16] (padded the same
- * way, per 16-channel plane), the reduction ordered (channel block, tap, channel) so a
- * block's 16 steps read the same lines, Y and res [nb][m/16][OH*OW][16] */
+/* conv_p16 (layout 0), conv_nchw16c (CG_XB | CG_YB: X [nb][c/16][H][W][16], padded the
+ * same way per 16-channel plane, the reduction ordered (channel block, tap, channel) so a
+ * block's 16 steps read the same lines; Y and res [nb][m/16][OH*OW][16]) or
+ * conv_nchw_to16c (CG_YB: X NCHW as conv_p16's, Y blocked; 64-channel groups only) */
+#define CG_XB 1
+#define CG_YB 2
 static int cg_run(const float *x, const float *packed, const float *bias, const float *res,
                   int relu, float *y, int64_t ystride, const int64_t *geom, int nthreads,
-                  int blocked)
+                  int layout)
 {
+    int blocked = (layout & CG_XB) != 0; /* X (and then Y) blocked */
     int64_t nb = geom[0], c = geom[1], h = geom[2], w = geom[3], m = geom[4];
     int64_t kh = geom[6], kw = geom[7], oh = geom[8], ow = geom[9], sh = geom[10];
     int64_t sw = geom[11], pt = geom[12], pl = geom[13], dh = geom[14], dw = geom[15];
@@ -764,7 +769,14 @@ static int cg_run(const float *x, const float *packed, const float *bias, const 
                 for (int64_t kx = 0; kx < kw; kx++)
                     off[kk++] = ci * plane + ky * dh * PW + kx * dw;
     /* blocked with whole 64-channel groups: cq_tile, a unit one group's output row */
-    int quad = blocked && m % (4 * P16) == 0 && k <= CQ_MAX_K;
+    int quad = (layout & CG_YB) && m % (4 * P16) == 0 && k <= CQ_MAX_K;
+    if ((layout & CG_YB) && !blocked && !quad) {
+        ort_scratch_free(off);
+        ort_scratch_free(xp);
+        return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv_nchw_to16c: output channels must "
+                        "be a multiple of 64 and c*kh*kw at most %d, got %lld and %lld",
+                        CQ_MAX_K, (long long)m, (long long)k);
+    }
     int64_t pairs = ((m + P16 - 1) / P16 + 1) / 2;
     int64_t units = nb * (quad ? m / (4 * P16) : pairs) * oh;
     int t = nthreads < 1 ? 1 : nthreads;
@@ -773,7 +785,7 @@ static int cg_run(const float *x, const float *packed, const float *bias, const 
         t = 1;
     int64_t next = 0; /* the next unclaimed unit */
     cg_ctx g = {nb, m, k, oh, ow, sh, sw, c * plane, PW * cb, 2 * P16 * k > c * plane,
-                copy ? xp : x, off, packed, bias, res, y, ystride, relu, blocked};
+                copy ? xp : x, off, packed, bias, res, y, ystride, relu, blocked, cb};
 #pragma omp parallel num_threads(t) if (t > 1)
     {
         int id = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -822,7 +834,14 @@ int ortcpu_conv_nchw16c(const float *x, const float *packed, const float *bias,
         return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv_nchw16c: channels must be "
                         "multiples of 16, got %lld -> %lld", (long long)geom[1],
                         (long long)geom[4]);
-    return cg_run(x, packed, bias, res, relu, y, ystride, geom, nthreads, 1);
+    return cg_run(x, packed, bias, res, relu, y, ystride, geom, nthreads, CG_XB | CG_YB);
+}
+
+int ortcpu_conv_nchw_to16c(const float *x, const float *packed, const float *bias,
+                           const float *res, int relu, float *y, int64_t ystride,
+                           const int64_t *geom, int nthreads)
+{
+    return cg_run(x, packed, bias, res, relu, y, ystride, geom, nthreads, CG_YB);
 }
 
 int ortcpu_conv_p16_available(void) { return 1; }
@@ -1118,6 +1137,13 @@ int ortcpu_conv_nchw16c(const float *x, const float *packed, const float *bias,
     (void)nthreads;
     return ort_fail(ORTCPU_E_INVALID_ARGUMENT,
                     "conv_nchw16c: not in this build (x86-64-v4 only)");
+}
+
+int ortcpu_conv_nchw_to16c(const float *x, const float *packed, const float *bias,
+                           const float *res, int relu, float *y, int64_t ystride,
+                           const int64_t *geom, int nthreads)
+{
+    return ortcpu_conv_nchw16c(x, packed, bias, res, relu, y, ystride, geom, nthreads);
 }
 
 int ortcpu_conv_p16_available(void) { return 0; }

@@ -123,8 +123,10 @@ def _conv_ok(node, consts, shapes, types) -> bool:
         return False
     xs, ys = shapes.get(x), shapes.get(node.output[0])
     if types.get(x) not in (None, onnx.TensorProto.FLOAT) or x in consts or \
-            not _whole_blocks(xs) or not _static4(ys) or ys[1] < BLOCK or \
+            not _static4(xs) or not _static4(ys) or ys[1] < BLOCK or \
             (ys[1] % BLOCK and (res or buf)):  # padded outputs: no residual, no Concat
+        return False
+    if not _whole_blocks(xs) and not _nchw_input_ok(xs, ys, w, res or buf):
         return False
     try:
         geom, out = conv_geometry("Conv", _meta(xs), _meta(w.shape), **_own_attrs(node))
@@ -132,6 +134,22 @@ def _conv_ok(node, consts, shapes, types) -> bool:
         return False
     g16 = infer_geometry(geom)
     return g16 is not None and g16[5] == 1 and tuple(out) == tuple(ys)
+
+
+#: the 6 x 64 tile's longest reduction (native CQ_MAX_K)
+CQ_MAX_K = 2304
+
+
+def _nchw_input_ok(xs, ys, w, extra) -> bool:
+    """A Conv reading NCHW X (channels not in whole blocks: a 3-channel stem) writes a
+    blocked Y with native ``conv_nchw_to16c``: groups of 64 output channels, a reduction
+    of at most CQ_MAX_K, no residual or Concat buffer."""
+    return not extra and ys[1] % 64 == 0 and w[0].numel() <= CQ_MAX_K
+
+
+def conv_reads_nchw(x_shape) -> bool:
+    """Whether a blocked Conv's X stays NCHW (its channels are not whole blocks)."""
+    return x_shape[1] % BLOCK != 0
 
 
 def pool_kwargs(op: str, attrs: dict, spatial) -> tuple[dict, int, int] | None:
@@ -232,32 +250,33 @@ def apply_blocked_layout(nodes, consts, outputs, shapes, types, opsets, done):
         else:
             for c in convs:
                 role.pop(id(c), None)
-    blocked = _assign(nodes, role, groups, used, outputs)
+    blocked = _assign(nodes, role, shapes)
     if not blocked:
         return nodes
     return _rewrite(nodes, blocked, role, consts, outputs, shapes, types, opsets, done)
 
 
-def _data_inputs(node, role) -> list:
-    """The inputs that carry the layout (a Conv's X and residual or buffer, a pool's X,
-    every input of the others)."""
+def _data_inputs(node, role, shapes) -> list:
+    """The inputs that carry the layout (a Conv's X, unless it stays NCHW, and residual or
+    buffer; a pool's X; every input of the others)."""
     r = role.get(id(node))
     if r == "conv":
         (x, *_), res, buf = conv_inputs(node)
-        return [i for i in (x, res, buf) if i]
+        return [i for i in (x, res, buf)
+                if i and not (i == x and conv_reads_nchw(shapes[x]))]
     if r == "pool" or node.op_type == "Dropout":
         return [node.input[0]]
     return [i for i in node.input if i]
 
 
-def _assign(nodes, role, groups, used, outputs) -> set:
+def _assign(nodes, role, shapes) -> set:
     """ids of the nodes that run blocked: every candidate Conv and Concat group, and the
     pools and layout-free ops whose data inputs are all blocked; then Convs left alone
     between reorders (input NCHW, no blocked reader) go back to NCHW, until none is."""
     nchw_forced: set = set()
     readers: dict[str, list] = {}
     for n in nodes:
-        for i in _data_inputs(n, role):
+        for i in _data_inputs(n, role, shapes):
             readers.setdefault(i, []).append(n)
     while True:
         out_blocked: set[str] = set()
@@ -267,7 +286,7 @@ def _assign(nodes, role, groups, used, outputs) -> set:
             if r is None or id(n) in nchw_forced:
                 continue
             if r in ("conv", "buffer") or all(i in out_blocked
-                                                for i in _data_inputs(n, role)):
+                                                for i in _data_inputs(n, role, shapes)):
                 blocked.add(id(n))
                 out_blocked.update(o for o in n.output[:1] if o)
         lone = set()
@@ -291,7 +310,7 @@ def _rewrite(nodes, blocked, role, consts, outputs, shapes, types, opsets, done)
     nchw_readers = set(outputs)
     for n in nodes:
         if id(n) in blocked:
-            data = set(_data_inputs(n, role))
+            data = set(_data_inputs(n, role, shapes))
             nchw_readers.update(i for i in n.input if i and i not in data)
         else:
             nchw_readers.update(i for i in n.input if i)
@@ -310,7 +329,7 @@ def _rewrite(nodes, blocked, role, consts, outputs, shapes, types, opsets, done)
         if id(n) not in blocked:
             out.append(n)
             continue
-        data = set(_data_inputs(n, role))
+        data = set(_data_inputs(n, role, shapes))
         for i in dict.fromkeys(i for i in n.input if i in data):
             if i not in produced_blocked and i not in converted:
                 declare(i)

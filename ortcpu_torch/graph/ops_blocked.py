@@ -69,11 +69,12 @@ def _from_blocked(ctx):
 
 @_internal("Conv16c")
 def _conv16c(ctx):
-    """Y = relu?(conv(X) + B + residual) on blocked tensors, on whichever of two kernels
-    measures faster for the geometry (``conv_infer.measured_choice``): the blocked direct
-    convolution, or X reordered to NCHW, the training kernel's forward (Winograd for a 3x3
-    of stride 1: inception's 3x3s at 55x55 and 27x27, batch 8, ran 2x faster on it than
-    on either direct kernel) and Y reordered back."""
+    """Y = relu?(conv(X) + B + residual) on blocked tensors (X NCHW where its channels are
+    not whole blocks: a stem), on whichever kernel measures faster for the geometry
+    (``conv_infer.measured_choice``): the blocked direct convolution, or X reordered to
+    NCHW, the training kernel's forward (Winograd for a 3x3 of stride 1: inception's 3x3s
+    at 55x55 and 27x27, batch 8, ran 2x faster on it than on either direct kernel) and Y
+    reordered back."""
     node = ctx.node
     offset = ctx.attrs.pop("ortcpu_out_offset", None)
     steps = epilogue_of(node)
@@ -85,15 +86,17 @@ def _conv16c(ctx):
     if pad:
         b = torch.cat([b if b is not None else w.new_zeros(w.shape[0]), w.new_zeros(pad)])
         w = torch.cat([w, w.new_zeros(pad, *w.shape[1:])])
-    geom, _ = conv_geometry("Conv", torch.empty(_nchw(xs), device="meta"),
+    nchw_in = len(xs) == 4  # X NCHW (a stem's 3 channels), Y blocked
+    geom, _ = conv_geometry("Conv", torch.empty(xs if nchw_in else _nchw(xs), device="meta"),
                             torch.empty(w.shape, device="meta"), **ctx.attrs)
     g16 = infer_geometry(geom)
     relu = "relu" in steps
     candidates = {"blocked": _direct(xs, w, b, g16, relu),
                   "reordered": _reordered(xs, ys, w, b, geom, relu)}
-    if _strided_pointwise(xs, g16):  # resnet50's 14x14 -> 7x7 shortcut: 1.16 -> 0.94 ms
+    if not nchw_in and _strided_pointwise(xs, g16):
+        # resnet50's 14x14 -> 7x7 shortcut, 2 threads: 1.16 -> 0.94 ms
         candidates["subsampled"] = _direct(xs, w, b, g16, relu, subsampled=True)
-    conv = measured_choice(("nchw16c", tuple(g16), b is not None, tuple(steps),
+    conv = measured_choice(("nchw16c", nchw_in, tuple(g16), b is not None, tuple(steps),
                             buf is not None, get_num_threads()), candidates)
     n, per_sample = xs[0], math.prod(ys[1:])
 
@@ -130,13 +133,16 @@ def _strided_pointwise(xs, g16) -> bool:
 def _direct(xs, w, b, g16, relu, subsampled=False):
     """The blocked kernels: ``conv1x1_nchw16c`` for an unpadded 1x1 of stride 1, with
     ``subsampled`` ``conv1x1s_nchw16c`` (a strided 1x1 on X subsampled into a scratch
-    copy), else ``conv_nchw16c``; ``f(x, out, r)`` -> out ([N, per sample] or Y's shape;
-    its samples may lie a Concat buffer's sample apart)."""
-    n, c, m = xs[0], xs[1] * BLOCK, w.shape[0]
+    copy), ``conv_nchw_to16c`` for an NCHW X (``xs`` of rank 4), else ``conv_nchw16c``;
+    ``f(x, out, r)`` -> out ([N, per sample] or Y's shape; its samples may lie a Concat
+    buffer's sample apart)."""
+    nchw_in = len(xs) == 4
+    n, c, m = xs[0], xs[1] * (1 if nchw_in else BLOCK), w.shape[0]
     kh, kw, oh, ow, sh, sw, ph, pw = g16[6:14]
-    pointwise = kh == kw == sh == sw == 1 and ph == pw == 0 and (oh, ow) == xs[2:4]
-    if pointwise or subsampled:  # reduction over the channels: W [M, C]
-        packed = PackedWeight.pack(w.reshape(m, c), trans_b=True)
+    pointwise = not nchw_in and kh == kw == sh == sw == 1 and ph == pw == 0 and \
+        (oh, ow) == xs[2:4]
+    if pointwise or subsampled or nchw_in:  # reduction (channel, ky, kx): W [M, C*kh*kw]
+        packed = PackedWeight.pack(w.reshape(m, -1), trans_b=True)
     else:  # reduction in (channel block, ky, kx, channel in block) order
         packed = PackedWeight.pack(w.reshape(m, c // BLOCK, BLOCK, kh, kw)
                                    .permute(0, 1, 3, 4, 2).reshape(m, -1).contiguous(),
@@ -154,9 +160,9 @@ def _direct(xs, w, b, g16, relu, subsampled=False):
                                              ptr(packed.data), ptr(b), ptr(r), int(relu),
                                              ptr(out), ystride, get_num_threads())
         else:
-            st = lib.ortcpu_conv_nchw16c(ptr(x), ptr(packed.data), ptr(b), ptr(r),
-                                         int(relu), ptr(out), ystride, cgeom,
-                                         get_num_threads())
+            conv = lib.ortcpu_conv_nchw_to16c if nchw_in else lib.ortcpu_conv_nchw16c
+            st = conv(ptr(x), ptr(packed.data), ptr(b), ptr(r), int(relu), ptr(out), ystride,
+                      cgeom, get_num_threads())
         check_status(st, "Conv")
         return out
     direct.keep = (cgeom, packed)
@@ -167,13 +173,18 @@ def _reordered(xs, ys, w, b, geom, relu):
     """The training kernel's forward (native ``conv_forward``, its algorithm chosen by
     the native code) between reorders; the residual and ReLU applied blocked, in place.
     (``w`` padded to Y's blocks: the padded channels compute zeros.)"""
-    xn, yn = _nchw(xs), _nchw(ys)
+    nchw_in = len(xs) == 4
+    xn, yn = xs if nchw_in else _nchw(xs), _nchw(ys)
     cgeom = ffi.new("int64_t[]", geom)
     fwd = native_fn("conv_forward", torch.float32)
 
     def reordered(x, out, r):
-        x4, y4 = empty(xn, torch.float32), empty(yn, torch.float32)
-        _reorder(lib.ortcpu_from_nchw16c_f32, x, x4, xn, xn[1])
+        y4 = empty(yn, torch.float32)
+        if nchw_in:
+            x4 = x
+        else:
+            x4 = empty(xn, torch.float32)
+            _reorder(lib.ortcpu_from_nchw16c_f32, x, x4, xn, xn[1])
         check_status(fwd(ptr(x4), ptr(w), ptr(b), ptr(y4), cgeom, get_num_threads()), "Conv")
         if out.is_contiguous():
             _reorder(lib.ortcpu_to_nchw16c_f32, y4, out, yn, yn[1])

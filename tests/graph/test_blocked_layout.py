@@ -22,21 +22,23 @@ from ortcpu_torch.graph import InferenceSession, blocked_layout, conv_infer
 needs_blocked = pytest.mark.skipif(not lib.ortcpu_conv_p16_available(),
                                    reason="the blocked kernels are AVX-512 builds' only")
 
-CONVS = {  # name: (in, out, kernel, stride, pad)
-    "stem": (3, 32, 3, 2, 1), "c1": (32, 32, 1, 1, 0), "c2": (32, 32, 3, 1, 1),
-    "c3": (32, 64, 3, 2, 1), "e1": (64, 16, 1, 1, 0), "e2": (64, 64, 3, 1, 1),
-    "odd": (160, 24, 1, 1, 0), "cls": (160, 1000, 1, 1, 0),
-}
+def _convs(width):
+    """name: (in, out, kernel, stride, pad); ``width``: the stem's output channels (64:
+    blocked from its NCHW input on, 32: an NCHW stem and a reorder after its pool)."""
+    return {"stem": (3, width, 3, 2, 1), "c1": (width, width, 1, 1, 0),
+            "c2": (width, width, 3, 1, 1), "c3": (width, 64, 3, 2, 1),
+            "e1": (64, 16, 1, 1, 0), "e2": (64, 64, 3, 1, 1), "odd": (160, 24, 1, 1, 0),
+            "cls": (160, 1000, 1, 1, 0)}
 
 
-def _params(seed=0):
+def _params(seed=0, width=32):
     g = torch.Generator().manual_seed(seed)
-    p = {}
-    for name, (i, o, k, _, _) in CONVS.items():
+    p = {"convs": _convs(width)}
+    for name, (i, o, k, _, _) in p["convs"].items():
         p[name + "_w"] = torch.randn(o, i, k, k, generator=g) * (i * k * k) ** -0.5
         p[name + "_b"] = torch.randn(o, generator=g) * 0.1
-    p["bn"] = [torch.rand(32, generator=g) + 0.5, torch.randn(32, generator=g) * 0.1,
-               torch.randn(32, generator=g) * 0.1, torch.rand(32, generator=g) + 0.5]
+    p["bn"] = [torch.rand(width, generator=g) + 0.5, torch.randn(width, generator=g) * 0.1,
+               torch.randn(width, generator=g) * 0.1, torch.rand(width, generator=g) + 0.5]
     return p
 
 
@@ -47,7 +49,7 @@ def _model(p, batch, h, w):
         inits.append(numpy_helper.from_array(t.numpy(), name))
 
     def conv(name, x, y):
-        _, _, k, s, pad = CONVS[name]
+        _, _, k, s, pad = p["convs"][name]
         init(name + "_w", p[name + "_w"])
         init(name + "_b", p[name + "_b"])
         nodes.append(helper.make_node("Conv", [x, name + "_w", name + "_b"], [y], name=name,
@@ -99,10 +101,10 @@ def _model(p, batch, h, w):
 def _reference(p, x):
     """The same network on torch ops (float64: ONNX's pads and ceil_mode spelled out)."""
     d = {k: (v.double() if isinstance(v, torch.Tensor) else [t.double() for t in v])
-         for k, v in p.items()}
+         for k, v in p.items() if k != "convs"}
 
     def conv(name, t):
-        _, _, _, s, pad = CONVS[name]
+        _, _, _, s, pad = p["convs"][name]
         return F.conv2d(t, d[name + "_w"], d[name + "_b"], s, pad)
 
     scale, bias, mean, var = d["bn"]
@@ -127,21 +129,25 @@ def _run(model, x):
 
 
 @needs_blocked
-@pytest.mark.parametrize("batch,h,w", [(1, 33, 31), (3, 40, 24)])
-def test_blocked_regions_match_torch_float64_and_the_nchw_plan(batch, h, w):
-    p = _params()
+@pytest.mark.parametrize("batch,h,w,width", [(1, 33, 31, 32), (3, 40, 24, 32),
+                                             (2, 21, 30, 64)])
+def test_blocked_regions_match_torch_float64_and_the_nchw_plan(batch, h, w, width):
+    p = _params(width=width)
     x = torch.randn(batch, 3, h, w, generator=torch.Generator().manual_seed(1))
     model = _model(p, batch, h, w)
     ref = _reference(p, x.double())
     sess, got = _run(model, x)
     counts = sess.executor._plans and next(iter(sess.executor._plans.values())).counts()
-    # c1, c2, c3, e1, e2 and the 24- and 1000-channel Convs (outputs padded to blocks)
-    assert counts["ortcpu_torch.graph.Conv16c"]["kernel"] == 7
-    assert counts["Conv"]["kernel"] == 1  # the 3-channel stem
-    assert counts["ortcpu_torch.graph.Pool16c"]["kernel"] == 6
+    # c1, c2, c3, e1, e2 and the 24- and 1000-channel Convs (outputs padded to blocks);
+    # the 3-channel stem of 64 outputs too (NCHW in, blocked out), of 32 on NCHW
+    stem_blocked = width % 64 == 0
+    assert counts["ortcpu_torch.graph.Conv16c"]["kernel"] == 7 + stem_blocked
+    assert counts.get("Conv", {}).get("kernel", 0) == 1 - stem_blocked
+    assert counts["ortcpu_torch.graph.Pool16c"]["kernel"] == 6 + stem_blocked
     assert any("NCHW16c" in f for f in sess._last_plan.fusions)
-    # reorders: the stem's pool in; o, r4 and kp out (gap and kg, one position: views)
-    assert counts["ortcpu_torch.graph.ToNCHW16c"]["kernel"] == 1
+    # reorders: the NCHW stem's pool in; o, r4 and kp out (gap and kg: views)
+    assert counts.get("ortcpu_torch.graph.ToNCHW16c", {}).get("kernel", 0) == \
+        1 - stem_blocked
     assert counts["ortcpu_torch.graph.FromNCHW16c"]["kernel"] == 5
     for g, r in zip(got, ref, strict=True):
         torch.testing.assert_close(g.double(), r, rtol=1e-4, atol=1e-4)
@@ -157,8 +163,9 @@ def test_blocked_regions_match_torch_float64_and_the_nchw_plan(batch, h, w):
 
 @needs_blocked
 @pytest.mark.parametrize("choice", ["blocked", "reordered"])
-def test_both_conv16c_kernels_match_torch(choice):
-    p = _params(3)
+@pytest.mark.parametrize("width", [32, 64])
+def test_both_conv16c_kernels_match_torch(choice, width):
+    p = _params(3, width)
     x = torch.randn(3, 3, 29, 27, generator=torch.Generator().manual_seed(4))
     model = _model(p, 3, 29, 27)
     conv_infer.keep_candidates(True)
