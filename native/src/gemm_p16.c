@@ -449,10 +449,15 @@ static inline int64_t p16_grain(int64_t units, int nt)
 }
 
 /* the calling thread's next grain [*u0, *u1) of units from the shared counter `next`;
- * 0 once all are claimed */
+ * 0 once all are claimed. Towards the end a claim shrinks to a quarter of what is left
+ * (down to one unit), so the threads finish within about a unit of each other: resnet50
+ * b1, 2 threads, alternating with fixed grains in one process, 41.3 -> 40.8 ms (b8,
+ * squeezenet and inception_v1 within +-1%) */
 static inline int p16_claim(int64_t *next, int64_t grain, int64_t units, int64_t *u0,
                             int64_t *u1)
 {
+    int64_t left = units - __atomic_load_n(next, __ATOMIC_RELAXED);
+    if (left / 4 < grain) grain = left / 4 > 1 ? left / 4 : 1;
     *u0 = __atomic_fetch_add(next, grain, __ATOMIC_RELAXED);
     *u1 = *u0 + grain < units ? *u0 + grain : units;
     return *u0 < units;
