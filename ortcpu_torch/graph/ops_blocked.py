@@ -112,11 +112,11 @@ def _conv16c(ctx):
         def run(x, *rest):
             _expect(x, xs, "Conv16c X")
             _expect(rest[-1], ys, "Conv16c residual")
-            return conv(x, empty(ys, torch.float32), rest[-1]).view(ys)
+            return conv(x, empty(ys, torch.float32), rest[-1])
     else:
         def run(x, *rest):
             _expect(x, xs, "Conv16c X")
-            return conv(x, empty(ys, torch.float32), None).view(ys)
+            return conv(x, empty(ys, torch.float32), None)
     run.choice = conv
     run.with_epilogue = lambda s: run if s == steps else None
     return run
@@ -148,24 +148,24 @@ def _direct(xs, w, b, g16, relu, subsampled=False):
                                    .permute(0, 1, 3, 4, 2).reshape(m, -1).contiguous(),
                                    trans_b=True)
     cgeom = ffi.new("int64_t[]", g16)
+    wp, bp, rl = ptr(packed.data), ptr(b), int(relu)  # (packed and b live in the closure)
+    conv = lib.ortcpu_conv_nchw_to16c if nchw_in else lib.ortcpu_conv_nchw16c
 
     def direct(x, out, r):
         ystride = out.stride(0) if n > 1 else 0
         if pointwise:
-            st = lib.ortcpu_conv1x1_nchw16c(n, m, c, oh * ow, ptr(x), ptr(packed.data),
-                                            ptr(b), ptr(r), int(relu), ptr(out), ystride,
-                                            get_num_threads())
+            st = lib.ortcpu_conv1x1_nchw16c(n, m, c, oh * ow, ptr(x), wp, bp, ptr(r), rl,
+                                            ptr(out), ystride, get_num_threads())
         elif subsampled:
-            st = lib.ortcpu_conv1x1s_nchw16c(n, m, c, xs[2], xs[3], sh, sw, ptr(x),
-                                             ptr(packed.data), ptr(b), ptr(r), int(relu),
-                                             ptr(out), ystride, get_num_threads())
+            st = lib.ortcpu_conv1x1s_nchw16c(n, m, c, xs[2], xs[3], sh, sw, ptr(x), wp, bp,
+                                             ptr(r), rl, ptr(out), ystride,
+                                             get_num_threads())
         else:
-            conv = lib.ortcpu_conv_nchw_to16c if nchw_in else lib.ortcpu_conv_nchw16c
-            st = conv(ptr(x), ptr(packed.data), ptr(b), ptr(r), int(relu), ptr(out), ystride,
-                      cgeom, get_num_threads())
+            st = conv(ptr(x), wp, bp, ptr(r), rl, ptr(out), ystride, cgeom,
+                      get_num_threads())
         check_status(st, "Conv")
         return out
-    direct.keep = (cgeom, packed)
+    direct.keep = (cgeom, packed, b)
     return direct
 
 
