@@ -48,6 +48,8 @@ int ortcpu_gemm_p16_pack(int trans_b, int64_t n, int64_t k, const float *b, int6
 #if defined(__x86_64__) && defined(__GNUC__) && ORT_ISA_LEVEL >= 1
 #include <immintrin.h>
 
+#include "transpose512.h"
+
 int ortcpu_gemm_p16_available(void) { return 1; }
 
 /* Zen 5, 1 and 2 threads, against OpenBLAS on its SkylakeX kernels at the MLP's and the
@@ -288,19 +290,9 @@ c1_store(__m512 c[8], int R, int64_t w, const float *restrict res, int relu,
          float *restrict y, int64_t p)
 {
     __mmask8 rows = (__mmask8)((1u << R) - 1);
-    __m512 t[8], u[8], v[8];
-    for (int i = 0; i < 8; i += 2) {
-        t[i] = _mm512_unpacklo_ps(c[i], c[i + 1]);
-        t[i + 1] = _mm512_unpackhi_ps(c[i], c[i + 1]);
-    }
-    for (int b = 0; b < 8; b += 4) {
-        __m512d t0 = _mm512_castps_pd(t[b]), t1 = _mm512_castps_pd(t[b + 1]);
-        __m512d t2 = _mm512_castps_pd(t[b + 2]), t3 = _mm512_castps_pd(t[b + 3]);
-        u[b] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
-        u[b + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
-        u[b + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
-        u[b + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
-    }
+    __m512 u[8], v[8];
+    ort_tr4_lanes(c, u);
+    ort_tr4_lanes(c + 4, u + 4);
     const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
     const __m512i hi = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29,
                                          30, 31);

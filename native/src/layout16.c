@@ -10,26 +10,18 @@
 #if defined(__x86_64__) && defined(__GNUC__) && ORT_ISA_LEVEL >= 2
 #include <immintrin.h>
 
+#include "transpose512.h"
+
 /* dst column j (dst + j * dstride) = src's column j: the 16 x 16 tile of rows
- * src + i * sstride transposed in registers (pairs of rows interleaved, then pairs of
- * pairs, then 128-bit lanes gathered from the four groups of four rows) */
+ * src + i * sstride transposed in registers (each group of four rows lane by lane, then
+ * 128-bit lanes gathered from the four groups) */
 __attribute__((target("arch=x86-64-v4"))) static void
 tr16(const float *src, int64_t sstride, float *dst, int64_t dstride)
 {
-    __m512 r[16], t[16];
-    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + i * sstride);
-    for (int i = 0; i < 16; i += 2) { /* lane L: a[4L] b[4L] a[4L+1] b[4L+1] / 2, 3 */
-        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) { /* r[i + j], lane L: column 4L + j of rows i..i+3 */
-        __m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 1]);
-        __m512d c = _mm512_castps_pd(t[i + 2]), d = _mm512_castps_pd(t[i + 3]);
-        r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
-        r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
-        r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
-        r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
-    }
+    __m512 t[16], r[16];
+    for (int i = 0; i < 16; i++) t[i] = _mm512_loadu_ps(src + i * sstride);
+    for (int i = 0; i < 16; i += 4) /* r[i + j], lane L: column 4L + j of rows i..i+3 */
+        ort_tr4_lanes(t + i, r + i);
     for (int j = 0; j < 4; j++) { /* column 4L + j: lane L of the four row groups */
         __m512 lo01 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88);  /* L0 L2 of groups 0, 1 */
         __m512 hi01 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xDD);  /* L1 L3 */
