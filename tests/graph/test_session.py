@@ -80,3 +80,18 @@ def test_sequence_feeds_and_outputs():
     assert y.data_ptr() == b.data_ptr()  # torch in, torch out, no copy
     (yn,) = s.run(None, {"a": a.numpy(), "b": b.numpy(), "i": np.array(-2)})
     np.testing.assert_array_equal(yn, [1.0, 1.0])
+
+
+def test_ml_dtypes_feeds_and_outputs_round_trip_bit_for_bit():
+    """ml_dtypes' bfloat16 / float8 arrays (what onnx's helpers make) are read bit for bit
+    and returned as the same ml_dtypes type; plain numpy dtypes take the fast path."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    for elem, ml in ((TP.BFLOAT16, ml_dtypes.bfloat16),
+                     (TP.FLOAT8E4M3FN, ml_dtypes.float8_e4m3fn)):
+        g = h.make_graph([h.make_node("Identity", ["x"], ["y"])], "g",
+                         [h.make_tensor_value_info("x", elem, [5])],
+                         [h.make_tensor_value_info("y", elem, [5])])
+        m = h.make_model(g, opset_imports=[h.make_opsetid("", 21)], ir_version=10)
+        x = np.array([0.5, -2.0, 3.25, 0.0, 1.5], dtype=ml)
+        (y,) = InferenceSession(m).run(None, {"x": x})
+        assert y.dtype == x.dtype and np.array_equal(y.view(np.uint8), x.view(np.uint8))
