@@ -29,6 +29,7 @@ from .._native import lib
 from ..kernels.conv import conv_geometry
 from ..kernels.pool import pool_geometry
 from .conv_infer import infer_geometry
+from .fusions import INTERNAL_DOMAIN, epilogue_steps
 from .op_table import parse_attrs
 
 BLOCK = 16
@@ -87,13 +88,6 @@ def _meta(shape):
     return torch.empty(tuple(shape), device="meta")
 
 
-def epilogue_of(node) -> list:
-    for a in node.attribute:
-        if a.name == "ortcpu_epilogue":
-            return [s.decode() if isinstance(s, bytes) else s for s in a.strings]
-    return []
-
-
 def _own_attrs(node) -> dict:
     return {k: v for k, v in parse_attrs(node).items() if not k.startswith("ortcpu_")}
 
@@ -102,18 +96,20 @@ def conv_inputs(node) -> tuple[list, str | None, str | None]:
     """A (fused) Conv's inputs: ([x, w, b?], residual or None, Concat buffer or None)."""
     ins = list(node.input)
     offset = any(a.name == "ortcpu_out_offset" for a in node.attribute)
-    res = ins.pop() if "add" in epilogue_of(node) else None
+    res = ins.pop() if "add" in epilogue_steps(node) else None
     buf = ins.pop() if offset else None
     return ins, res, buf
 
 
 def _conv_ok(node, consts, shapes, types) -> bool:
-    """A float32 Conv of one group with constant weights (and bias), whole channel blocks
-    in and out and a geometry the blocked kernels take."""
+    """A float32 Conv of one group with constant weights (and bias) and a geometry the
+    blocked kernels take: input channels in whole blocks (or an NCHW stem,
+    ``_nchw_input_ok``), at least 16 output channels (padded to ``padded_channels``
+    where they are not whole blocks, then without residual or Concat buffer)."""
     if node.op_type != "Conv" or node.domain not in _ONNX:
         return False
     (x, *wb), res, buf = conv_inputs(node)
-    if not wb or epilogue_of(node) not in _EPILOGUES or res in consts:
+    if not wb or epilogue_steps(node) not in _EPILOGUES or res in consts:
         return False
     w = consts.get(wb[0])
     b = consts.get(wb[1]) if len(wb) > 1 and wb[1] else None
@@ -233,7 +229,7 @@ def apply_blocked_layout(nodes, consts, outputs, shapes, types, opsets, done):
     for o in outputs:
         used[o] = used.get(o, 0) + 1
     groups = _Groups(nodes)
-    role = {}  # id(node) -> "conv" / "pool" / "free" / "buffer" / "concat" (may block)
+    role = {}  # id(node) -> "conv" / "pool" / "free" / "buffer": what may run blocked
     for n in nodes:
         if _conv_ok(n, consts, shapes, types):
             role[id(n)] = "conv"
@@ -303,8 +299,6 @@ def _assign(nodes, role, shapes) -> set:
 
 
 def _rewrite(nodes, blocked, role, consts, outputs, shapes, types, opsets, done):
-    from .fusions import INTERNAL_DOMAIN
-
     out_set = set(outputs)
     produced_blocked = {n.output[0] for n in nodes if id(n) in blocked}
     nchw_readers = set(outputs)

@@ -121,6 +121,14 @@ def _drop_identities(nodes, outputs, done):
 INTERNAL_DOMAIN = "ortcpu_torch.graph"
 
 
+def epilogue_steps(node) -> list:
+    """The ``ortcpu_epilogue`` steps ``_epilogues`` put on ``node`` ([] when none)."""
+    for a in node.attribute:
+        if a.name == "ortcpu_epilogue":
+            return [s.decode() if isinstance(s, bytes) else s for s in a.strings]
+    return []
+
+
 def _concat_in_place(nodes, consts, outputs, done, shapes, opsets):
     """Concat whose inputs are each produced by a Conv read only by it, along the channel
     axis or a later one with nothing but size-1 dims between (inception's and squeezenet's

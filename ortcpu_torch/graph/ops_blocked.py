@@ -14,9 +14,9 @@ from .._native import check_status, empty, ffi, get_num_threads, lib, native_fn,
 from ..kernels.conv import conv_geometry
 from ..kernels.gemm import PackedWeight
 from ..kernels.pool import pool_geometry
-from .blocked_layout import BLOCK, conv_inputs, epilogue_of, pool_kwargs
+from .blocked_layout import BLOCK, conv_inputs, pool_kwargs
 from .conv_infer import infer_geometry, measured_choice
-from .fusions import INTERNAL_DOMAIN
+from .fusions import INTERNAL_DOMAIN, epilogue_steps
 from .op_table import op
 
 
@@ -77,7 +77,7 @@ def _conv16c(ctx):
     reordered back."""
     node = ctx.node
     offset = ctx.attrs.pop("ortcpu_out_offset", None)
-    steps = epilogue_of(node)
+    steps = epilogue_steps(node)
     (_, _, *bias_name), res, buf = conv_inputs(node)
     w = ctx.const(1).contiguous()
     b = ctx.const(2) if bias_name and bias_name[0] else None

@@ -27,7 +27,7 @@ from ..kernels.tensor import slice_plan
 from . import ops_training  # noqa: F401  (its bindings take precedence over the generic ones)
 from .conv_infer import bind_static_conv
 from .dtypes import ONNX_TO_TORCH
-from .fusions import INTERNAL_DOMAIN
+from .fusions import INTERNAL_DOMAIN, epilogue_steps
 from .op_table import MS_DOMAIN, ONNX_DOMAIN, lookup, op
 from .ops_torch import _wrap_indices, avg_pool_dilated, lrn_torch
 
@@ -406,14 +406,6 @@ def _conv(ctx):
         conv_into.with_epilogue = lambda s: conv_into if s == steps else None
         conv_into.choice = packed
     return conv_into
-
-
-def epilogue_steps(node) -> list:
-    """The ``ortcpu_epilogue`` steps fusions.py put on ``node`` ([] when none)."""
-    for a in node.attribute:
-        if a.name == "ortcpu_epilogue":
-            return [s.decode() if isinstance(s, bytes) else s for s in a.strings]
-    return []
 
 
 @kernel_op("ConcatBuffer", domain=INTERNAL_DOMAIN, pure=False)
