@@ -53,9 +53,7 @@ def _to_blocked(ctx):
 @_internal("FromNCHW16c")
 def _from_blocked(ctx):
     xs, ys = tuple(ctx.input_shapes[0]), tuple(ctx.output_shapes[0])
-    p = ys[2] * ys[3]
-
-    n, c, cp = ys[0], ys[1], xs[1] * BLOCK
+    n, c, cp, p = ys[0], ys[1], xs[1] * BLOCK, ys[2] * ys[3]
 
     def from_blocked(x):
         _expect(x, xs, "FromNCHW16c")
