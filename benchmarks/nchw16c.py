@@ -6,8 +6,9 @@ tensors, whose rows leave as whole zmm rows), alternating chain by chain; each l
 reads the previous one's output, as in a graph. Medians of ``--rounds``, GFLOP/s in
 brackets. AVX-512 builds only.
 
-This measures the layout, not the executor: what a blocked-layout path between Convs
-(onnxruntime's NCHWc) would win on the layers where issue 15's profiles put ours behind.
+This measures the layout, not the executor: what the blocked path between Convs
+(onnxruntime's NCHWc; the executor's blocked regions, ``graph/blocked_layout.py``) wins on
+the layers where issue 15's profiles put ours behind.
 
     python -m benchmarks.nchw16c [--threads 2] [--rounds 10]
 
