@@ -124,9 +124,10 @@ class InferenceSession:
             sel = [outs[idx[n]] for n in output_names]
         if not as_numpy:
             return sel
-        shared = {_storage(v) for v in vals if isinstance(v, torch.Tensor)}
-        shared |= self._ex.constant_storages()
-        return [_to_numpy(o, shared) for o in sel]
+        # (defaults are constants: only the fed tensors are added to the cached set)
+        fed = {_storage(v) for v in feeds.values() if isinstance(v, torch.Tensor)}
+        consts = self._ex.constant_storages()
+        return [_to_numpy(o, fed, consts) for o in sel]
 
     def report(self) -> str:
         """Per op type: nodes on registry kernels vs on torch ops (for the most recently
@@ -150,11 +151,12 @@ def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
-def _to_numpy(t, shared: set):
+def _to_numpy(t, fed: set, consts: set):
     """A numpy view of ``t``; a copy when it shares memory with a feed or a constant of the
-    model (ORT returns fresh arrays, and the caller may write into them)."""
+    model (storages ``fed`` / ``consts``: ORT returns fresh arrays, and the caller may
+    write into them)."""
     if isinstance(t, list):
-        return [_to_numpy(x, shared) for x in t]
+        return [_to_numpy(x, fed, consts) for x in t]
     if not isinstance(t, torch.Tensor):
         return t
     ml = _TORCH_TO_ML.get(t.dtype)
@@ -164,7 +166,8 @@ def _to_numpy(t, shared: set):
         bits = {1: torch.uint8, 2: torch.uint16}[t.element_size()]
         return t.detach().contiguous().view(bits).numpy().copy().view(getattr(ml_dtypes, ml))
     a = t.detach().numpy()
-    return a.copy() if _storage(t) in shared else a
+    st = _storage(t)
+    return a.copy() if st in fed or st in consts else a
 
 
 __all__ = ["InferenceSession", "NodeArg", "SessionOptions", "GraphRunError", "FeedError"]

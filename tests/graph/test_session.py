@@ -95,3 +95,22 @@ def test_ml_dtypes_feeds_and_outputs_round_trip_bit_for_bit():
         x = np.array([0.5, -2.0, 3.25, 0.0, 1.5], dtype=ml)
         (y,) = InferenceSession(m).run(None, {"x": x})
         assert y.dtype == x.dtype and np.array_equal(y.view(np.uint8), x.view(np.uint8))
+
+
+def test_numpy_outputs_never_alias_feeds_or_constants():
+    """An output that is a feed (Identity) or a constant of the model comes back as a
+    copy: writing into it leaves the caller's array and the next run alone, as in ORT."""
+    c = np.arange(3, dtype=np.float32)
+    g = h.make_graph([h.make_node("Identity", ["x"], ["y"]),
+                      h.make_node("Identity", ["c"], ["k"])], "g",
+                     [h.make_tensor_value_info("x", TP.FLOAT, [3])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [3]),
+                      h.make_tensor_value_info("k", TP.FLOAT, [3])],
+                     initializer=[numpy_helper.from_array(c, "c")])
+    sess = InferenceSession(h.make_model(g, opset_imports=[h.make_opsetid("", 17)],
+                                         ir_version=8))
+    x = np.ones(3, dtype=np.float32)
+    y, k = sess.run(None, {"x": x})
+    y[:] = 7
+    k[:] = 9
+    assert np.array_equal(x, np.ones(3)) and np.array_equal(sess.run(None, {"x": x})[1], c)
