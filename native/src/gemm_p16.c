@@ -655,7 +655,7 @@ cg_units(const cg_ctx *g, int64_t u0, int64_t u1)
         int64_t w0 = n - j0 < P16 ? n - j0 : P16;
         int64_t w1 = pb ? (n - j0 - P16 < P16 ? n - j0 - P16 : P16) : 0;
         const float *bj = g->bias ? g->bias + j0 : NULL;
-        const int64_t pm = g->blocked ? P16 : 1; /* floats from one position to the next */
+        const int64_t pm = g->xstep; /* floats from one position to the next */
         const float *xrow = g->x + smp * g->sample + oy * g->sh * g->row;
         int64_t roff = (smp * n + j0) * p + oy * g->ow * pm;
         int64_t yoff = smp * g->ystride + j0 * p + oy * g->ow * pm;
@@ -848,33 +848,25 @@ int ortcpu_conv_p16_available(void) { return 1; }
 #define C1_ALIGN_MIN_K 128
 #define C1_ALIGN_MIN_N 512
 
-/* one plane of X [H][W] read at strides (sh, sw) into dst [OH][OW] (sub: H, W, sh, sw);
- * torch's copy_ of the strided view took 68 us of resnet50's 0.54 ms 256->512 56->28
- * shortcut, on one thread */
+/* one plane of X [H][W] (positions cb floats: 1, or a channel block's 16) read at strides
+ * (sh, sw) into dst [OH][OW] (sub: H, W, sh, sw); torch's copy_ of the strided view took
+ * 68 us of resnet50's 0.54 ms 256->512 56->28 shortcut, on one thread */
 __attribute__((target("arch=x86-64-v4"))) static void
-c1_subsample(const float *restrict src, const int64_t *sub, float *restrict dst)
+c1_subsample(const float *restrict src, const int64_t *sub, int64_t cb, float *restrict dst)
 {
     int64_t h = sub[0], w = sub[1], sh = sub[2], sw = sub[3];
     int64_t oh = (h - 1) / sh + 1, ow = (w - 1) / sw + 1;
     for (int64_t oy = 0; oy < oh; oy++) {
-        const float *sr = src + oy * sh * w;
-        float *dr = dst + oy * ow;
-        if (sw == 2) /* resnet's shortcuts: a constant stride the compiler vectorizes */
+        const float *sr = src + oy * sh * w * cb;
+        float *dr = dst + oy * ow * cb;
+        if (cb > 1)
+            for (int64_t ox = 0; ox < ow; ox++)
+                memcpy(dr + ox * cb, sr + ox * sw * cb, (size_t)cb * sizeof(float));
+        else if (sw == 2) /* resnet's shortcuts: a constant stride the compiler vectorizes */
             for (int64_t ox = 0; ox < ow; ox++) dr[ox] = sr[2 * ox];
         else
             for (int64_t ox = 0; ox < ow; ox++) dr[ox] = sr[ox * sw];
     }
-}
-
-/* the same for one 16-channel plane of a blocked X [H][W][16] (positions 16 floats) */
-static void c1_subsample16(const float *restrict src, const int64_t *sub, float *restrict dst)
-{
-    int64_t h = sub[0], w = sub[1], sh = sub[2], sw = sub[3];
-    int64_t oh = (h - 1) / sh + 1, ow = (w - 1) / sw + 1;
-    for (int64_t oy = 0; oy < oh; oy++)
-        for (int64_t ox = 0; ox < ow; ox++)
-            memcpy(dst + (oy * ow + ox) * P16, src + (oy * sh * w + ox * sw) * P16,
-                   P16 * sizeof(float));
 }
 
 /* units [u0, u1) of conv1x1_nchw16c on cq_tile: unit u is one sample, one group of 4
@@ -960,18 +952,13 @@ static int c1_run(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
 #pragma omp parallel num_threads(t) if (t > 1)
     {
         int id = omp_get_thread_num(), nt = omp_get_num_threads();
-        if (xa && blocked) { /* sub: each 16-channel plane subsampled */
-            int64_t planes = nb * k / P16, per = (planes + nt - 1) / nt, q0 = id * per;
-            int64_t q1 = q0 + per < planes ? q0 + per : planes;
-            for (int64_t q = q0; q < q1; q++)
-                c1_subsample16(x + q * sub[0] * sub[1] * P16, sub, xa + q * p * P16);
-#pragma omp barrier
-        } else if (xa) {
-            int64_t rows = nb * k, rper = (rows + nt - 1) / nt, r0 = id * rper;
+        if (xa) { /* planes of one channel, or blocked of 16 (xrow = p there) */
+            int64_t cb = blocked ? P16 : 1, rows = nb * k / cb;
+            int64_t rper = (rows + nt - 1) / nt, r0 = id * rper;
             int64_t r1 = r0 + rper < rows ? r0 + rper : rows;
             for (int64_t r = r0; r < r1; r++) {
                 if (sub)
-                    c1_subsample(x + r * sub[0] * sub[1], sub, xa + r * xrow);
+                    c1_subsample(x + r * sub[0] * sub[1] * cb, sub, cb, xa + r * xrow * cb);
                 else
                     memcpy(xa + r * xrow, x + r * p, (size_t)p * sizeof(float));
             }

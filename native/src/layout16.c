@@ -1,8 +1,9 @@
 /* layout16.c -- float32 reorders between NCHW [n][c][p] and the channel-blocked layout
  * [n][cp/16][p][16] (NCHW16c) that the graph executor keeps between its blocked Convs
- * (p = the spatial size; cp >= c a multiple of 16, the channels beyond c zeros). Both directions are 16 x 16 transposes of
- * (16 channels) x (16 positions) tiles; torch's copy_ of the transposed view ran at
- * 3-13 GB/s on [1, 64, 112, 112] and [8, 128, 55, 55] (2 threads, measured). */
+ * (p = the spatial size; cp >= c a multiple of 16, the channels beyond c zeros). Both
+ * directions are 16 x 16 transposes of (16 channels) x (16 positions) tiles; torch's
+ * copy_ of the transposed view ran at 3-13 GB/s on [1, 64, 112, 112] and [8, 128, 55, 55]
+ * (2 threads, measured). */
 #include "common.h"
 
 #include <omp.h>

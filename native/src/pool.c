@@ -312,8 +312,10 @@ static void pool16_window(const float *x, const pool_geom *q, const int64_t *lo,
  * MP_AHEAD_BYTES come from L3 or memory: each row fetches the input rows its stride moves
  * past, two output rows ahead (into the next plane at a plane's end); squeezenet b8's
  * 3x3/2 pool of 8x128x55x55 in the graph, 2 threads: 0.61 -> 0.48 ms */
-static void pool16_rows(const pool16_ctx *c, int64_t r0, int64_t r1)
+static void pool16_rows(void *ctx, int64_t r0, int64_t r1, int chunk)
 {
+    (void)chunk;
+    const pool16_ctx *c = ctx;
     const pool_geom *q = c->q;
     const int64_t oD = q->out[0], oH = q->out[1], oW = q->out[2];
     const int64_t rowb = q->in[2] * PB16 * (int64_t)sizeof(float); /* an input row */
@@ -355,15 +357,6 @@ int ortcpu_pool_nchw16c_f32(const float *x, float *y, const int64_t *geom, int m
     pool16_ctx c = {x, y, &q, max != 0, include_pad};
     int64_t rows = q.planes * q.out[0] * q.out[1];
     int64_t work = q.out[2] * q.k[0] * q.k[1] * q.k[2] * PB16 + 1; /* per row */
-    int chunks = ort_num_chunks(rows, 65536 / work + 1, nthreads);
-    if (chunks <= 1) {
-        pool16_rows(&c, 0, rows);
-        return ORTCPU_OK;
-    }
-#pragma omp parallel num_threads(chunks)
-    {
-        int i = omp_get_thread_num(), nt = omp_get_num_threads();
-        pool16_rows(&c, rows * i / nt, rows * (i + 1) / nt);
-    }
+    ort_parallel_for(rows, 65536 / work + 1, nthreads, pool16_rows, &c);
     return ORTCPU_OK;
 }
