@@ -7,7 +7,7 @@ after its last output: rows are matched to ours by walking back from that output
 node of ORT's op type; op types are compared in total.
 
     python -m benchmarks.graph_profile [--threads N] [--batch B] [--rounds R] [--reps N]
-                                       [--cpu] [--top K] model ..."""
+                                       [--cpu] [--min] [--top K] model ..."""
 
 from __future__ import annotations
 
@@ -53,8 +53,9 @@ def ort_samples(path: str, warmup: int) -> dict:
 
 
 def profiles(model: onnx.ModelProto, feeds: dict, rounds: int, reps: int, threads: int,
-             clock) -> tuple[dict, dict, onnx.ModelProto]:
-    """(ours, ORT's) node name -> (op type, median seconds), and our executor's model:
+             clock, stat=statistics.median) -> tuple[dict, dict, onnx.ModelProto]:
+    """(ours, ORT's) node name -> (op type, ``stat`` of its seconds), and our executor's
+    model:
     ``rounds`` rounds of ``reps`` runs of ours then ``reps`` of ORT's, so a drift of the
     shared host's speed reaches both sides alike."""
     sess = InferenceSession(model)
@@ -73,9 +74,9 @@ def profiles(model: onnx.ModelProto, feeds: dict, rounds: int, reps: int, thread
         os.remove(f)
     os.rmdir(tmp)
 
-    def medians(d):
-        return {k: (op, statistics.median(v)) for k, (op, v) in d.items()}
-    return medians(ours), medians(theirs), sess.executor.model
+    def summary(d):
+        return {k: (op, stat(v)) for k, (op, v) in d.items()}
+    return summary(ours), summary(theirs), sess.executor.model
 
 
 def fused_root(model: onnx.ModelProto, output: str, op_type: str) -> str:
@@ -107,6 +108,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds")
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--cpu", action="store_true", help="ours in thread CPU time")
+    ap.add_argument("--min", action="store_true",
+                    help="each node's fastest run instead of its median (a host whose speed "
+                         "swings between phases: the quiet phase's figures)")
     args = ap.parse_args()
     set_threads(args.threads)
     clock = time.thread_time if args.cpu else time.perf_counter
@@ -114,7 +118,7 @@ def main() -> None:
         m = CASES[name](args.batch)
         feeds = feeds_for(m)
         ours, theirs, our_model = profiles(m, feeds, args.rounds, args.reps, args.threads,
-                                           clock)
+                                           clock, min if args.min else statistics.median)
         print(f"== {name} batch {args.batch}, {args.threads} thread(s): ours "
               f"{sum(t for _, t in ours.values()) * 1e3:.2f} ms in nodes, ORT "
               f"{sum(t for _, t in theirs.values()) * 1e3:.2f} ms in nodes")

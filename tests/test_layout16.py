@@ -51,6 +51,9 @@ POOLS = [  # (attrs, input H x W)
     ({"kernel_shape": [2, 2], "strides": [2, 2]}, (8, 8)),
     ({"kernel_shape": [3, 2], "strides": [1, 2], "pads": [0, 1, 2, 0]}, (7, 6)),
     ({"kernel_shape": [7, 7]}, (7, 7)),  # global
+    # whole-window runs along a row (the max pools' inner loop) beside clipped edges
+    ({"kernel_shape": [2, 4], "strides": [1, 3], "pads": [0, 2, 0, 2]}, (5, 17)),
+    ({"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, (20, 23)),
 ]
 
 
