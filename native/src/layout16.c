@@ -75,12 +75,11 @@ static int reorder16(const float *x, float *y, int64_t n, int64_t c, int64_t cp,
     for (int64_t g = 0; g < groups; g++) {
         int64_t s = g / blocks, b = g % blocks;
         int64_t cg = c - b * 16 < 16 ? (c - b * 16 > 0 ? c - b * 16 : 0) : 16;
-        const float *nchw = (to_blocked ? x : y) + (s * c + b * 16) * p;
-        float *blk = (to_blocked ? y : x) + g * 16 * p;
+        int64_t at_nchw = (s * c + b * 16) * p, at_blk = g * 16 * p;
         if (to_blocked)
-            reorder_group(nchw, blk, p, (int)cg, 1);
+            reorder_group(x + at_nchw, y + at_blk, p, (int)cg, 1);
         else if (cg)
-            reorder_group(blk, (float *)nchw, p, (int)cg, 0);
+            reorder_group(x + at_blk, y + at_nchw, p, (int)cg, 0);
     }
     return ORTCPU_OK;
 }
