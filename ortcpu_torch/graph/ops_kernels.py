@@ -324,13 +324,16 @@ def _gemm(ctx):
         # cost more than a small GEMM); 2-D operands with matching inner dims checked here
         packed = _small_batch_weight(ctx, tb) if not ta and alpha == 1.0 else None
         bias = _gemm_bias(ctx, packed.n, beta) if packed is not None else None
+        if packed is not None:
+            plain_mm = packed.bind(None, op="Gemm")
+            bias_mm = packed.bind(bias[1], op="Gemm") if bias is not None else None
 
         def gemm_known(a, b, c=None):
             if packed is not None and b is packed.source and (c is None or bias is not None
                                                               and c is bias[0]) and \
                     a.dim() == 2 and a.shape[1] == packed.k and a.shape[0] <= P16_MAX_ROWS:
-                return packed.matmul(a if a.is_contiguous() else a.contiguous(),
-                                     None if c is None else bias[1], op="Gemm")
+                return (plain_mm if c is None else bias_mm)(
+                    a if a.is_contiguous() else a.contiguous())
             if a.dim() != 2 or b.dim() != 2 or a.shape[0 if ta else 1] != b.shape[1 if tb else 0]:
                 return g(a, b, c)  # the registry kernel's error
             return gemm(a if a.is_contiguous() else a.contiguous(),
