@@ -46,7 +46,7 @@ BENCH_SECTIONS = {
 MACHINE_KINDS = {
     "avx512": "AVX-512 machine (AMD EPYC Zen 4/5)",
     "avx2": "AVX2-only machine (AMD EPYC Zen 3)",
-    "intel-avx512": "Intel Xeon AVX-512 machine (Emerald Rapids)",
+    "intel-avx512": "Intel Xeon AVX-512 machine (Emerald Rapids or Ice Lake)",
     "intel-avx2": "Intel Xeon AVX2-only machine",
 }
 
