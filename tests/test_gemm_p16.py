@@ -53,6 +53,24 @@ def test_p16_matches_float64(trans_b):
         assert torch.equal(b, before)
 
 
+@needs_p16
+def test_bound_call_equals_matmul_and_keeps_its_operands_alive():
+    """PackedWeight.bind takes the constant operands' C pointers once (the graph's Gemm):
+    the same bits as matmul, valid after every other reference to them is gone."""
+    import gc
+
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(3, 40, generator=g)
+    pw = PackedWeight.pack(torch.randn(33, 40, generator=g), True)
+    bias = torch.randn(33, generator=g)
+    want, want_plain = pw.matmul(a, bias), pw.matmul(a)
+    f, plain = pw.bind(bias.clone(), op="Gemm"), pw.bind()
+    del pw
+    gc.collect()
+    torch.randn(33 * 40 * 4)  # reuse of freed memory would show up as wrong values
+    assert torch.equal(f(a), want) and torch.equal(plain(a), want_plain)
+
+
 def test_pack_declines_what_it_cannot_pack():
     assert PackedWeight.pack(torch.randn(3, 4, dtype=torch.float64)) is None
     assert PackedWeight.pack(torch.randn(2, 3, 4)) is None
