@@ -292,27 +292,25 @@ class PackedWeight:
                op: str = "MatMul") -> torch.Tensor:
         """``a`` (contiguous float32 ``[m, k]``) · op(B) (+ ``bias`` ``[n]``, contiguous
         float32)."""
-        m = a.shape[0]
-        y = empty((m, self.n), torch.float32)
-        st = lib.ortcpu_gemm_p16(m, self.n, self.k, ptr(a), self.k, self.data_p, ptr(bias),
-                                 ptr(y), self.n, get_num_threads())
-        check_status(st, op)
-        return y
+        return self._run(a, ptr(bias), op)
 
     def bind(self, bias: torch.Tensor | None = None, op: str = "MatMul"):
-        """``f(a)`` = ``matmul(a, bias, op)`` with the constant operands' C pointers taken
-        once: what a graph node calls per run (a 784-1024-1024-10 MLP at batch 1 runs
-        three of them in about 0.1 ms, where each ``ptr`` is about 0.4 us)."""
-        n, k, data_p, bias_p = self.n, self.k, self.data_p, ptr(bias)
+        """``f(a)`` = ``matmul(a, bias, op)`` with the bias's C pointer taken once: what a
+        graph node calls per run (a 784-1024-1024-10 MLP at batch 1 runs three of them in
+        about 0.1 ms, where each ``ptr`` is about 0.4 us)."""
+        bias_p, run = ptr(bias), self._run
 
         def f(a: torch.Tensor) -> torch.Tensor:
-            m = a.shape[0]
-            y = empty((m, n), torch.float32)
-            st = lib.ortcpu_gemm_p16(m, n, k, ptr(a), k, data_p, bias_p, ptr(y), n,
-                                     get_num_threads())
-            if st:
-                check_status(st, op)
-            return y
+            return run(a, bias_p, op)
         f.keep = (self, bias)  # the pointers' owners
         return f
+
+    def _run(self, a: torch.Tensor, bias_p, op: str) -> torch.Tensor:
+        m, n, k = a.shape[0], self.n, self.k
+        y = empty((m, n), torch.float32)
+        st = lib.ortcpu_gemm_p16(m, n, k, ptr(a), k, self.data_p, bias_p, ptr(y), n,
+                                 get_num_threads())
+        if st:
+            check_status(st, op)
+        return y
 
