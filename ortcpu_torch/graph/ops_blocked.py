@@ -146,7 +146,7 @@ def _direct(xs, w, b, g16, relu, subsampled=False):
                                    .permute(0, 1, 3, 4, 2).reshape(m, -1).contiguous(),
                                    trans_b=True)
     cgeom = ffi.new("int64_t[]", g16)
-    wp, bp, rl = ptr(packed.data), ptr(b), int(relu)  # (packed and b live in the closure)
+    wp, bp, rl = packed.data_p, ptr(b), int(relu)  # (packed and b live in the closure)
     conv = lib.ortcpu_conv_nchw_to16c if nchw_in else lib.ortcpu_conv_nchw16c
 
     def direct(x, out, r):
