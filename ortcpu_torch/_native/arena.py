@@ -62,8 +62,14 @@ def reshaped(t: torch.Tensor, shape) -> torch.Tensor:
     for s in reversed(shape):
         strides.append(acc)
         acc *= max(s, 1)
+    return restrided(t, shape, tuple(reversed(strides)))
+
+
+def restrided(t: torch.Tensor, shape, strides) -> torch.Tensor:
+    """A tensor of its own (not a view, see ``reshaped``) over ``t``'s memory from its
+    offset, with ``shape`` and ``strides``."""
     out = torch.empty(0, dtype=t.dtype)
-    return out.set_(t.untyped_storage(), t.storage_offset(), shape, tuple(reversed(strides)))
+    return out.set_(t.untyped_storage(), t.storage_offset(), shape, strides)
 
 
 def empty_like(t: torch.Tensor) -> torch.Tensor:

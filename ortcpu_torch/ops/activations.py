@@ -13,6 +13,7 @@ import torch
 from .. import _native
 from ..kernels import activations as K
 from ..kernels._checks import SignatureCache, bool_arg, checked_signature, float_check
+from ._layout import from_order, in_order, storage_order
 
 
 def once_differentiable(backward):
@@ -62,23 +63,26 @@ class _Gelu(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, bias, approximate: int, op: str):
-        x = x.contiguous()
+        # without a bias (along the last axis) the kernel is elementwise: it runs on x's
+        # memory in x's own order
+        order = storage_order(x) if bias is None else None
+        x = in_order(x, order)
         if bias is not None:
             bias = bias.contiguous()
         y = K.gelu_forward_core(op, x, bias, approximate)
         ctx.save_for_backward(x, bias)
-        ctx.approximate, ctx.op = approximate, op
-        return y
+        ctx.approximate, ctx.op, ctx.order = approximate, op, order
+        return from_order(y, order)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
         x, bias = ctx.saved_tensors
         # (autograd hands dy in the output's shape and dtype: nothing to check)
-        dy = dy.contiguous()
+        dy = in_order(dy, ctx.order)
         need_dbias = bias is not None and ctx.needs_input_grad[1]
         dx, dbias = K.gelu_backward_core(ctx.op, dy, x, bias, ctx.approximate, need_dbias)
-        return dx, dbias, None, None
+        return from_order(dx, ctx.order), dbias, None, None
 
 
 _GELU_CHECKED = SignatureCache()
@@ -111,11 +115,12 @@ class _Pointwise(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, op: str, alpha: float):
-        x = K.float_input(op, "input", x)
+        ctx.order = order = storage_order(float_check(op, "input", x))
+        x = in_order(x, order)
         y = K.act_forward(op, x, alpha)
         ctx.save_for_backward(x)
         ctx.op, ctx.alpha = op, alpha
-        return y
+        return from_order(y, order)
 
     @staticmethod
     @once_differentiable
@@ -123,7 +128,8 @@ class _Pointwise(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         # LeakyReluGrad tests its second input > 0; given X (not Y) that is torch's rule
         # for every alpha, including alpha <= 0 where ORT's Y-based test would differ.
-        return K.act_backward(ctx.op + "Grad", ctx.op, dy, x, "X", ctx.alpha), None, None
+        dx = K.act_backward(ctx.op + "Grad", ctx.op, in_order(dy, ctx.order), x, "X", ctx.alpha)
+        return from_order(dx, ctx.order), None, None
 
 
 def quick_gelu(input: torch.Tensor, alpha: float = 1.702) -> torch.Tensor:
@@ -147,8 +153,7 @@ class _ReluInplace(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x):
-        y = K.act_forward("Relu", K.float_input("relu", "input", x))
-        x.copy_(y)
+        ctx.order = _act_inplace(x, "relu", "Relu", 0.0)
         ctx.mark_dirty(x)
         ctx.save_for_backward(x)
         return x
@@ -157,7 +162,17 @@ class _ReluInplace(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy):
         (y,) = ctx.saved_tensors
-        return K.act_backward("ReluGrad", "Relu", dy, y, "Y")
+        o = ctx.order
+        return from_order(K.act_backward("ReluGrad", "Relu", in_order(dy, o), in_order(y, o),
+                                         "Y"), o)
+
+
+def _act_inplace(x, name: str, op: str, alpha: float):
+    """``op`` computed from ``x`` and written into it, in x's own memory order (returned)."""
+    order = storage_order(float_check(name, "input", x))
+    xv = in_order(x, order)  # x itself or a view of it, or a contiguous copy
+    (xv if order is not None else x).copy_(K.act_forward(op, xv, alpha))
+    return order
 
 
 def relu(input: torch.Tensor, inplace: bool = False) -> torch.Tensor:
@@ -184,8 +199,7 @@ class _LeakyReluInplace(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, alpha: float):
-        y = K.act_forward("LeakyRelu", K.float_input("LeakyRelu", "input", x), alpha)
-        x.copy_(y)
+        ctx.order = _act_inplace(x, "LeakyRelu", "LeakyRelu", alpha)
         ctx.mark_dirty(x)
         ctx.save_for_backward(x)
         ctx.alpha = alpha
@@ -200,7 +214,9 @@ class _LeakyReluInplace(torch.autograd.Function):
                 f"overwritten), got {ctx.alpha}; use inplace=False"
             )
         (y,) = ctx.saved_tensors
-        return K.act_backward("LeakyReluGrad", "LeakyRelu", dy, y, "Y", ctx.alpha), None
+        o = ctx.order
+        return from_order(K.act_backward("LeakyReluGrad", "LeakyRelu", in_order(dy, o),
+                                         in_order(y, o), "Y", ctx.alpha), o), None
 
 
 def leaky_relu(input: torch.Tensor, negative_slope: float = 0.01, inplace: bool = False):
@@ -219,17 +235,19 @@ class _Hard(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, kind: str, a: float, b: float, op: str):
-        x = K.float_input(op, "input", x)
+        ctx.order = order = storage_order(float_check(op, "input", x))
+        x = in_order(x, order)
         y = K.hard_forward(op, kind, x, a, b)
         ctx.save_for_backward(x)
         ctx.kind, ctx.a, ctx.b, ctx.op = kind, a, b, op
-        return y
+        return from_order(y, order)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
         (x,) = ctx.saved_tensors
-        return K.hard_backward(ctx.op, ctx.kind, dy, x, ctx.a, ctx.b), None, None, None, None
+        dx = K.hard_backward(ctx.op, ctx.kind, in_order(dy, ctx.order), x, ctx.a, ctx.b)
+        return from_order(dx, ctx.order), None, None, None, None
 
 
 class _HardInplace(_Hard):
@@ -252,7 +270,7 @@ class _HardInplace(_Hard):
                 x.copy_(K.hard_forward(op, kind, saved, a, b))
         ctx.mark_dirty(x)
         ctx.save_for_backward(saved)
-        ctx.kind, ctx.a, ctx.b, ctx.op = kind, a, b, op
+        ctx.kind, ctx.a, ctx.b, ctx.op, ctx.order = kind, a, b, op, None
         return x
 
 

@@ -13,6 +13,7 @@ import torch
 
 from ..kernels import batchnorm as K
 from ..kernels._checks import SignatureCache, bool_arg, checked_signature, float_attr
+from ._layout import channels_last, to_format
 from .activations import once_differentiable
 
 
@@ -30,6 +31,7 @@ class _BatchNorm(torch.autograd.Function):
                 momentum: float, eps: float, unbiased: bool):
         # arguments checked by batch_norm (_check_batch_norm) for this signature
         op = "batch_norm"
+        ctx.fmt = fmt = channels_last(x)
         if not x.is_contiguous():
             x = x.contiguous()
         scale, shift = _vec(weight, x), _vec(bias, x)
@@ -44,7 +46,7 @@ class _BatchNorm(torch.autograd.Function):
                 y, stats = K.bn_train_running(op, x, scale, shift, eps, running_mean,
                                               running_var, momentum, factor)
                 ctx.save_for_backward(x, scale, stats)
-                return y
+                return to_format(y, fmt)
             y, mean, var, inv = K.bn_train_core(op, x, scale, shift, eps)
             if running_var is not None:
                 var.mul_(factor)  # var is this call's own buffer, used only here
@@ -54,7 +56,7 @@ class _BatchNorm(torch.autograd.Function):
             mean = rm
             y, inv = K.bn_eval_core(op, x, scale, shift, rm, rv, eps)
         ctx.save_for_backward(x, scale, mean, inv)
-        return y
+        return to_format(y, fmt)
 
     @staticmethod
     @once_differentiable
@@ -69,7 +71,7 @@ class _BatchNorm(torch.autograd.Function):
         else:
             dx, dw, db = K.bn_backward_core("batch_norm", dy.contiguous(), x, scale,
                                             saved[2], saved[3], ctx.training, need_w, need_b)
-        return dx, dw, db, None, None, None, None, None, None
+        return to_format(dx, ctx.fmt), dw, db, None, None, None, None, None, None
 
 
 def update_running(running, batch, momentum: float, scales=None) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import conv as K
+from ._layout import channels_last, to_format
 from .activations import once_differentiable
 
 
@@ -30,6 +31,7 @@ class _Conv(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, b, plan: K.ConvPlan):
         # shapes, dtypes and attributes checked for this signature (the plan)
+        ctx.fmt = fmt = channels_last(x, w)
         if not x.is_contiguous():
             x = x.contiguous()
         if not w.is_contiguous():
@@ -39,7 +41,7 @@ class _Conv(torch.autograd.Function):
         y = K.conv_forward_plan(plan, x, w, b)
         ctx.save_for_backward(x, w)
         ctx.plan, ctx.has_bias = plan, b is not None
-        return y
+        return to_format(y, fmt)
 
     @staticmethod
     @once_differentiable
@@ -48,7 +50,7 @@ class _Conv(torch.autograd.Function):
         n = ctx.needs_input_grad
         need = (n[0], n[1], ctx.has_bias and n[2])
         dx, dw, db = K.conv_backward_plan(ctx.plan, dy.contiguous(), x, w, need)
-        return dx, dw, db, None
+        return to_format(dx, ctx.fmt), dw, db, None
 
 
 # Checked plans by call signature (what _plan_key reads), so a repeated call skips the

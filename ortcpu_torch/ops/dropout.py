@@ -6,20 +6,26 @@ from __future__ import annotations
 import torch
 
 from ..kernels import dropout as K
-from ..kernels._checks import bool_arg
+from ..kernels._checks import bool_arg, float_check
+from ._layout import from_order, in_order, storage_order
 from .activations import once_differentiable
 
 
 class _Dropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, p: float, seed: int, inplace: bool = False):
-        y, mask = K.dropout_forward("dropout", x.contiguous(), p, seed)
+        ctx.order = order = storage_order(x)  # the mask is drawn in x's memory order
+        xv = in_order(x, order)
+        y, mask = K.dropout_forward("dropout", xv, p, seed)
         if inplace:
-            x.copy_(y)
+            (xv if order is not None else x).copy_(y)
             ctx.mark_dirty(x)
             y = x
+        else:
+            y = from_order(y, order)
         ctx.save_for_backward(mask)
         ctx.scale = 1.0 / (1.0 - p) if p < 1.0 else 0.0
+        mask = from_order(mask, order)
         ctx.mark_non_differentiable(mask)
         return y, mask
 
@@ -27,8 +33,9 @@ class _Dropout(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy, _dmask):
         (mask,) = ctx.saved_tensors
-        dy = K.float_input("dropout", "grad_output", dy)
-        return K.dropout_backward("dropout", dy, mask, ctx.scale), None, None, None
+        dy = in_order(float_check("dropout", "grad_output", dy), ctx.order)
+        return from_order(K.dropout_backward("dropout", dy, mask, ctx.scale), ctx.order), \
+            None, None, None
 
 
 def dropout_with_mask(input: torch.Tensor, p: float = 0.5, training: bool = True,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import pool as K
+from ._layout import channels_last, to_format
 from .activations import once_differentiable
 from .conv import _tuple
 
@@ -14,6 +15,7 @@ from .conv import _tuple
 class _MaxPool(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, attrs: dict, want_indices: bool, op: str):
+        ctx.fmt = fmt = channels_last(x)
         x = K.float_input(op, "input", x)
         ctx.x_shape, ctx.op, ctx.attrs = tuple(x.shape), op, attrs
         if want_indices or not ctx.needs_input_grad[0]:
@@ -25,15 +27,17 @@ class _MaxPool(torch.autograd.Function):
         ctx.save_for_backward(saved)
         if idx is None:
             idx = torch.empty(0, dtype=torch.int64)
+        else:
+            idx = to_format(idx, fmt)
         ctx.mark_non_differentiable(idx)
-        return y, idx
+        return to_format(y, fmt), idx
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy, _didx):
         (saved,) = ctx.saved_tensors
         dx = K.maxpool_train_backward(ctx.op, dy, saved, ctx.x_shape, **ctx.attrs)
-        return dx, None, None, None
+        return to_format(dx, ctx.fmt), None, None, None
 
 
 class _AvgPool(torch.autograd.Function):
@@ -42,14 +46,15 @@ class _AvgPool(torch.autograd.Function):
         y = K.avgpool_forward(op, x, cip, divisor, **attrs)
         ctx.x_shape, ctx.attrs, ctx.cip, ctx.divisor, ctx.op = (
             tuple(x.shape), attrs, cip, divisor, op)
-        return y
+        ctx.fmt = fmt = channels_last(x)
+        return to_format(y, fmt)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
         a = {k: v for k, v in ctx.attrs.items() if k != "ceil_mode"}
         dx = K.avgpool_backward(ctx.op, dy.contiguous(), ctx.x_shape, ctx.cip, ctx.divisor, **a)
-        return dx, None, None, None, None
+        return to_format(dx, ctx.fmt), None, None, None, None
 
 
 class _GlobalPool(torch.autograd.Function):
@@ -64,6 +69,7 @@ class _GlobalPool(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy):
         (x,) = ctx.saved_tensors
+        # contiguous, as torch's: its adaptive_avg_pool2d to 1x1 is a mean over H, W
         x = x.contiguous()
         return K.global_pool_backward(ctx.op, dy.contiguous(), x, ctx.kind), None, None
 

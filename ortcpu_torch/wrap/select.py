@@ -48,6 +48,7 @@ import time
 import torch
 from torch.nn.utils.stateless import _reparametrize_module
 
+from ..ops._layout import channels_last
 from .policy import RANDOM_TORCH, Unsupported
 
 SELECT_MODES = ("fastest", "ours")
@@ -73,10 +74,18 @@ def check_select(select):
     return select, {}
 
 
+def _layout_tag(t: torch.Tensor) -> str:
+    """How a non-contiguous tensor is laid out, for a signature: its layout changes both
+    sides' costs (ours computes channels_last convolutions in NCHW between two copies)."""
+    if t.is_contiguous():
+        return ""
+    return " channels_last" if channels_last(t) is not None else " strided"
+
+
 def _sig(v) -> str:
     if isinstance(v, torch.Tensor):
         d = str(v.dtype).replace("torch.", "").replace("float", "f")
-        return f"{d}{list(v.shape)}{'g' if v.requires_grad else ''}"
+        return f"{d}{list(v.shape)}{'g' if v.requires_grad else ''}{_layout_tag(v)}"
     if isinstance(v, (list, tuple)):
         return "(" + ",".join(_sig(x) for x in v) + ")"
     r = repr(v)
@@ -197,7 +206,8 @@ _SCALARS = frozenset((int, float, bool, str, type(None)))
 
 def _key(v):
     if type(v) in _PLAIN or isinstance(v, torch.Tensor):
-        return (v.shape, v.dtype, v.requires_grad)  # torch.Size hashes as a tuple
+        # torch.Size hashes as a tuple
+        return (v.shape, v.dtype, v.requires_grad, v.is_contiguous())
     if isinstance(v, (list, tuple)):
         return tuple(_key(x) for x in v)
     try:
@@ -208,11 +218,12 @@ def _key(v):
 
 
 def call_key(args, kwargs):
-    """A hashable key of a call's arguments for ``choose``: per tensor its shape, dtype and
-    whether it needs a gradient; other values themselves (their type name if unhashable).
-    The common call, tensors only and no keywords, takes one attribute tuple per tensor."""
-    a = tuple([(a.shape, a.dtype, a.requires_grad) if type(a) in _PLAIN else _key(a)
-               for a in args])
+    """A hashable key of a call's arguments for ``choose``: per tensor its shape, dtype,
+    whether it needs a gradient and whether it is contiguous (a channels_last call is
+    measured apart); other values themselves (their type name if unhashable). The common
+    call, tensors only and no keywords, takes one attribute tuple per tensor."""
+    a = tuple([(a.shape, a.dtype, a.requires_grad, a.is_contiguous()) if type(a) in _PLAIN
+               else _key(a) for a in args])
     if not kwargs:
         return a
     # keyword arguments are mostly scalars (a functional's defaults spelled out by torch's

@@ -99,7 +99,7 @@ def _wrapped_forward(self, *args, **kwargs):
         try:
             key = [self.training]
             for a in args:
-                key.append((a.shape, a.dtype, a.requires_grad))
+                key.append((a.shape, a.dtype, a.requires_grad, a.is_contiguous()))
         except AttributeError:  # not a tensor: the paths below
             pass
         else:
@@ -175,7 +175,7 @@ def _fast_forward(self, info: SwapInfo, state, stats, args, kwargs):
             for a in args:
                 if type(a) not in _PLAIN_TYPES:
                     return _SLOW
-                key.append((a.shape, a.dtype, a.requires_grad))
+                key.append((a.shape, a.dtype, a.requires_grad, a.is_contiguous()))
             key = tuple(key)
         side = info.sides.get((self.training, key))
     if side == "torch":
