@@ -521,6 +521,18 @@ int ortcpu_conv_backward_f32(const float *dy, const float *x, const float *w, fl
 int ortcpu_conv_backward_f64(const double *dy, const double *x, const double *w, double *dx,
                              double *dw, double *db, const int64_t *geom, int nthreads);
 
+/* ---- depthwise 2-D convolution on channels-last memory, conv_nhwc.c -----------------
+ * x [N, H, W, C], w [KH, KW, C] (tap-major), b [C] or NULL, y [N, OH, OW, C]; geom as
+ * above (2-D, group == C == M). Backward: dx, dw, db may each be NULL (not computed). */
+int ortcpu_dw_nhwc_forward_f32(const float *x, const float *w, const float *b, float *y,
+                               const int64_t *geom, int nthreads);
+int ortcpu_dw_nhwc_forward_f64(const double *x, const double *w, const double *b, double *y,
+                               const int64_t *geom, int nthreads);
+int ortcpu_dw_nhwc_backward_f32(const float *dy, const float *x, const float *w, float *dx,
+                                float *dw, float *db, const int64_t *geom, int nthreads);
+int ortcpu_dw_nhwc_backward_f64(const double *dy, const double *x, const double *w, double *dx,
+                                double *dw, double *db, const int64_t *geom, int nthreads);
+
 /* ---- inference convolution (graph executor), conv_infer.c ----------------------
  * 2-D only (1-D as H = 1). geom[17]: N, C, H, W, M, group, KH, KW, OH, OW, stride h/w,
  * pad top/left (>= 0; the end pads follow from OH/OW), dilation h/w, layout (0 row

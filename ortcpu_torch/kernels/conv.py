@@ -110,7 +110,8 @@ class ConvPlan:
     (``ops.conv2d``) keeps one per input signature, so a call costs one dict lookup
     besides the kernel."""
 
-    __slots__ = ("op", "geom", "geom_c", "out_shape", "dtype", "m", "fwd", "bwd", "unbatched")
+    __slots__ = ("op", "geom", "geom_c", "out_shape", "dtype", "m", "fwd", "bwd", "unbatched",
+                 "nhwc")
 
     def __init__(self, op: str, geom: list, out_shape: tuple, dtype: torch.dtype):
         self.op, self.geom, self.out_shape, self.dtype = op, geom, tuple(out_shape), dtype
@@ -119,6 +120,12 @@ class ConvPlan:
         self.fwd = native_fn("conv_forward", dtype)
         self.bwd = native_fn("conv_backward", dtype)
         self.unbatched = False  # set by the front end: its input gets a batch axis of 1
+        # the channels-last depthwise kernel's (forward, backward): a 2-D convolution with
+        # group == C == M, pads >= 0, algorithm "auto" (a forced one keeps its lowering)
+        n_, c, m, group = geom[:4]
+        self.nhwc = (native_fn("dw_nhwc_forward", dtype), native_fn("dw_nhwc_backward", dtype)) \
+            if geom[4] == 1 and geom[7] == 1 and group == c == m > 1 and geom[22] == 0 \
+            and min(geom[16:19]) >= 0 else None
 
 
 def _checked(op, X, W, B, attrs):
@@ -160,6 +167,32 @@ def conv_backward_plan(plan: ConvPlan, dY, X, W, need=(True, True, True)):
         return None, None, None
     st = plan.bwd(ptr(dY), ptr(X), ptr(W), ptr(dX), ptr(dW), ptr(dB), plan.geom_c,
                   get_num_threads())
+    if st:
+        check_status(st, plan.op)
+    return dX, dW, dB
+
+
+def dw_nhwc_forward(plan: ConvPlan, X, Wt, B=None) -> torch.Tensor:
+    """Y [N, OH, OW, C] of a depthwise ``plan`` (``plan.nhwc``) on channels-last memory:
+    X [N, H, W, C] and the tap-major weight Wt [KH*KW, C], both contiguous."""
+    n, _, oh, ow = plan.out_shape
+    Y = empty((n, oh, ow, plan.m), plan.dtype)
+    st = plan.nhwc[0](ptr(X), ptr(Wt), ptr(B), ptr(Y), plan.geom_c, get_num_threads())
+    if st:
+        check_status(st, plan.op)
+    return Y
+
+
+def dw_nhwc_backward(plan: ConvPlan, dY, X, Wt, need=(True, True, True)):
+    """(dX [N, H, W, C], dWt [KH*KW, C], dB) of ``dw_nhwc_forward``, None where ``need``
+    says so; dY [N, OH, OW, C] contiguous."""
+    dX = empty(X.shape, plan.dtype) if need[0] else None
+    dW = empty(Wt.shape, plan.dtype) if need[1] else None
+    dB = empty((plan.m,), plan.dtype) if need[2] else None
+    if dX is None and dW is None and dB is None:
+        return None, None, None
+    st = plan.nhwc[1](ptr(dY), ptr(X), ptr(Wt), ptr(dX), ptr(dW), ptr(dB), plan.geom_c,
+                      get_num_threads())
     if st:
         check_status(st, plan.op)
     return dX, dW, dB

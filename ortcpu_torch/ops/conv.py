@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import conv as K
-from ._layout import channels_last, to_format
+from ._layout import channels_last, from_order, in_order, to_format
 from .activations import once_differentiable
 
 
@@ -27,10 +27,23 @@ def _tuple(name: str, v, n: int, minimum: int) -> list[int]:
     return vals
 
 
+#: channels-last [N, C, H, W] as the contiguous [N, H, W, C] the depthwise kernel takes
+_NHWC = (0, 2, 3, 1)
+
+
 class _Conv(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, b, plan: K.ConvPlan):
         # shapes, dtypes and attributes checked for this signature (the plan)
+        ctx.nhwc = plan.nhwc is not None and x.dim() == 4 and x.permute(_NHWC).is_contiguous()
+        if ctx.nhwc:  # depthwise on x's own channels-last memory: no layout copies
+            c = x.shape[1]
+            wt = w.reshape(c, -1).t().contiguous()  # tap-major [KH*KW, C]
+            y = K.dw_nhwc_forward(plan, x.permute(_NHWC), wt,
+                                  None if b is None else b.contiguous())
+            ctx.save_for_backward(x, wt)
+            ctx.plan, ctx.has_bias, ctx.w_shape = plan, b is not None, w.shape
+            return from_order(y, _NHWC)
         ctx.fmt = fmt = channels_last(x, w)
         if not x.is_contiguous():
             x = x.contiguous()
@@ -49,6 +62,11 @@ class _Conv(torch.autograd.Function):
         x, w = ctx.saved_tensors
         n = ctx.needs_input_grad
         need = (n[0], n[1], ctx.has_bias and n[2])
+        if ctx.nhwc:
+            dx, dwt, db = K.dw_nhwc_backward(ctx.plan, in_order(dy, _NHWC), x.permute(_NHWC),
+                                             w, need)
+            dw = None if dwt is None else dwt.t().reshape(ctx.w_shape)
+            return (None if dx is None else from_order(dx, _NHWC)), dw, db, None
         dx, dw, db = K.conv_backward_plan(ctx.plan, dy.contiguous(), x, w, need)
         return to_format(dx, ctx.fmt), dw, db, None
 
