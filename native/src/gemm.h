@@ -53,7 +53,7 @@ void ort_gemm_unpack_b(ort_packed_b *pb);
 
 /* ---- backend selection (gemm_backend.c), used by gemm.inc ---- */
 /* ORT_BE_MKL_MT: MKL's own threading, one call over the class's threads (threaded,
- * unpacked classes, under the "mkl_threaded" setting only) */
+ * unpacked classes: auto's third candidate there, and the "mkl_threaded" setting) */
 enum { ORT_BE_OPENBLAS = 1, ORT_BE_MKL = 2, ORT_BE_MKL_MT = 3 };
 
 /* Fortran-convention BLAS entry points of the MKL copy (column-major, by reference). */

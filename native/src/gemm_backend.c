@@ -83,7 +83,7 @@ uint32_t ort_gemm_class(int is_f64, int packed, int trans_a, int trans_b, int64_
 }
 
 #define CLASS_SLOTS 1024 /* open addressing; a model touches tens of classes */
-enum { SLOT_MEASURING = 3 };
+enum { SLOT_MEASURING = 255 }; /* not a backend (ORT_BE_*) */
 static pthread_mutex_t class_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint32_t class_key[CLASS_SLOTS]; /* key + 1; 0 is empty */
 static uint8_t class_choice[CLASS_SLOTS];
@@ -152,26 +152,31 @@ static double now_seconds(int thread_cpu)
 /* Best of TRIAL_ROUNDS alternating rounds per backend; each round repeats a small GEMM
  * up to ~TRIAL_FLOPS so the clock resolves it. Under load (other processes on the cores)
  * the minimum is the least disturbed draw; single-threaded classes are timed in the
- * thread's CPU time, which preemption does not inflate. MKL on its own threads is not a
- * candidate (0.89-1.06x the slabs' time at the transformer's 2-thread shapes, a draw per
- * shape on a shared machine); the "mkl_threaded" setting forces it. */
+ * thread's CPU time, which preemption does not inflate. A threaded, unpacked class also tries MKL
+ * on its own threads (one packed copy shared by the threads, against one per slab): on
+ * an AMD EPYC it measured 0.89-1.06x the slabs' time at the transformer's 2048-row
+ * shapes, on an Intel Xeon (Ice Lake) 0.77x at BERT's 512x512x128 (367 vs 476 us). */
 #define TRIAL_ROUNDS 3
 #define TRIAL_FLOPS 4e6
-static int measure(double flops, int threaded, ort_gemm_trial_fn trial, void *ctx)
+static int measure(double flops, int threaded, int packed, ort_gemm_trial_fn trial, void *ctx)
 {
     int reps = flops >= TRIAL_FLOPS ? 1 : (int)(TRIAL_FLOPS / (flops > 1 ? flops : 1));
     if (reps > 64) reps = 64;
-    double best[3] = {1e300, 1e300, 1e300};
-    trial(ctx, ORT_BE_OPENBLAS); /* warm both: first-touch of scratch, MKL's buffers */
-    trial(ctx, ORT_BE_MKL);
+    int last = threaded && !packed ? ORT_BE_MKL_MT : ORT_BE_MKL;
+    double best[ORT_BE_MKL_MT + 1] = {1e300, 1e300, 1e300, 1e300};
+    for (int be = ORT_BE_OPENBLAS; be <= last; be++) /* warm: first-touch of scratch, */
+        trial(ctx, be);                               /* MKL's buffers and threads */
     for (int r = 0; r < TRIAL_ROUNDS; r++)
-        for (int be = ORT_BE_OPENBLAS; be <= ORT_BE_MKL; be++) {
+        for (int be = ORT_BE_OPENBLAS; be <= last; be++) {
             double t0 = now_seconds(!threaded);
             for (int i = 0; i < reps; i++) trial(ctx, be);
             double dt = now_seconds(!threaded) - t0;
             if (dt < best[be]) best[be] = dt;
         }
-    return best[ORT_BE_MKL] < best[ORT_BE_OPENBLAS] ? ORT_BE_MKL : ORT_BE_OPENBLAS;
+    int choice = ORT_BE_OPENBLAS;
+    for (int be = ORT_BE_MKL; be <= last; be++)
+        if (best[be] < best[choice]) choice = be;
+    return choice;
 }
 
 int ort_gemm_backend_for(uint32_t cls, int packed, int is_f64, double flops,
@@ -186,7 +191,7 @@ int ort_gemm_backend_for(uint32_t cls, int packed, int is_f64, double flops,
     /* another thread is timing this class: OpenBLAS meanwhile */
     if (!mine) return c == SLOT_MEASURING ? ORT_BE_OPENBLAS : c;
     int threaded = (cls >> CLASS_THREADED_SHIFT) & 1;
-    int be = trial ? measure(flops, threaded, trial, ctx) : ORT_BE_OPENBLAS;
+    int be = trial ? measure(flops, threaded, packed, trial, ctx) : ORT_BE_OPENBLAS;
     pthread_mutex_lock(&class_lock);
     class_choice[s] = (uint8_t)be;
     pthread_mutex_unlock(&class_lock);
