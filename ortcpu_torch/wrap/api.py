@@ -8,6 +8,7 @@ import torch
 
 from .census import EnterHook, ExitHook, RootForward
 from .detect import detect
+from .model_check import ModelCheck
 from .optimizer import convert_optimizer
 from .policy import INFO_ATTR, POLICIES, STATE_ATTR, FallbackError, State, Stats, matches
 from .swap import (
@@ -60,8 +61,13 @@ def wrap(model: torch.nn.Module, *, fallback: str = "warn", include=None, exclud
     tiny tensors, where a Python autograd.Function's fixed cost dominates, and leads on
     large ones). Random ops (dropout) are not timed and run on torch, so a wrapped model
     draws plain torch's random numbers (``torch.manual_seed`` reproduces plain torch's
-    run). ``"ours"``: always ours.
-    ``report(model).selection``, passed back as ``select=``, replays the choices.
+    run). Once the choices settle, and if some are ours, an in-model check alternates
+    training steps between the selection and everything on torch (``PAIRS`` each, the
+    whole step timed) and keeps the selection only if its median step is faster; else
+    every choice, and every later one, goes to torch (``wrap/model_check.py``; an op
+    faster alone can slow its neighbours down). ``"ours"``: always ours.
+    ``report(model).selection``, passed back as ``select=``, replays the choices
+    (without the check).
 
     ``timing``: also measure the forward and backward time spent on ours and on torch
     (a few microseconds per call); ``report(model, timing=True)`` prints the shares.
@@ -120,6 +126,8 @@ def wrap(model: torch.nn.Module, *, fallback: str = "warn", include=None, exclud
     if getattr(model, STATE_ATTR, None) is not None:
         unwrap(model)
     state = State(fallback, include, exclude, timing, select, compile_kernels)
+    if state.select == "fastest" and not state.choices:  # not a replayed selection
+        state.check = ModelCheck(state)
     by_cls = {e.torch_cls: e for e in MODULES if e.torch_cls is not None}
     swaps, excluded, included = [], [], []
     for qualname, m in model.named_modules(remove_duplicate=False):

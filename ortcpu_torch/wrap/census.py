@@ -436,6 +436,8 @@ class RootForward:
                 return forward(module, *args, **kwargs)
             with mode:
                 return forward(module, *args, **kwargs)
+        if state.check is not None and module.training and _grad_enabled():
+            state.check.tick(module)  # select's in-model check (model_check.py)
         key = plan = None
         if ENABLED and not state.timing and not _is_tracing() and not _any_autocast():
             # (_steady_plan and root_key, inline: this runs on every root forward, and a
@@ -492,7 +494,10 @@ class EnterHook:
             if mode is not None:
                 mode.__enter__()
             return
-        self.state.runs.append(begin(self.state, module, args, None))
+        state = self.state
+        if state.check is not None and module.training and _grad_enabled():
+            state.check.tick(module)  # select's in-model check (model_check.py)
+        state.runs.append(begin(state, module, args, None))
 
 
 class ExitHook:

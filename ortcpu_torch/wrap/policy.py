@@ -245,6 +245,13 @@ class State:
         # sides: the same choices by a cheap tuple key (rebuilt after unpickling)
         self.select, self.choices = check_select(select)
         self.sides: dict = {}
+        # model_check.py: the in-model check of a fresh "fastest" selection (None once
+        # decided), its outcome, and the switches it turns: torch_arm while its all-torch
+        # arm runs, all_torch once it put every choice on torch
+        self.check = None
+        self.model_check: dict | None = None
+        self.torch_arm = False
+        self.all_torch = False
         # census.py: root input signature -> Plan of its later forwards (rebuilt after
         # unpickling); forwards run [counted by the full mode, in steady state]
         self.plans: dict = {}
@@ -270,6 +277,8 @@ class State:
             d.pop(k, None)
         d["sides"] = {}
         d["plans"] = {}
+        d["check"] = None  # a copy keeps the outcome, not an alternation half done
+        d["torch_arm"] = False
         return d
 
     def __setstate__(self, d):
@@ -277,6 +286,9 @@ class State:
 
         self.__dict__.update(d)
         self.__dict__.setdefault("plans", {})
+        for k, v in (("check", None), ("model_check", None), ("torch_arm", False),
+                     ("all_torch", False)):
+            self.__dict__.setdefault(k, v)
         self.__dict__.setdefault("forwards", [0, 0])
         self._local = _PerThread()
         self.compile_kernels = check_compile_kernels(d.get("compile_kernels", "auto"))

@@ -31,7 +31,10 @@ class Report:
     ``select`` ran on torch are not listed (they run without the kernel mode: the
     module's own entry counts them as its torch calls). ``timing``: None, or ms per side and phase.
     ``selection``: the side chosen per input signature under ``select="fastest"``
-    (``wrap(model, select=report.selection)`` replays it); ``choices`` adds the timings."""
+    (``wrap(model, select=report.selection)`` replays it); ``choices`` adds the timings.
+    ``model_check``: select's in-model check (``wrap/model_check.py``), None until it
+    decided: {"outcome": "kept the selection" | "all torch" | "nothing ran ours",
+    "steps_per_arm", "selected_ms", "torch_ms"} (median step times of the two arms)."""
 
     fallback: str
     modules: list
@@ -53,6 +56,7 @@ class Report:
     # root forwards {"counted", "uncounted", "signatures", "plans": {kind: signatures}}:
     # functionals' and torch functions' calls are counted on the "counted" ones only
     forwards: dict | None = None
+    model_check: dict | None = None
 
     def __str__(self) -> str:
         return self.text
@@ -184,11 +188,20 @@ def report(model, file="stdout", timing: bool = False) -> Report:
         lines.append(f"select={state.select!r}: {len(state.choices)} signatures chosen, "
                      f"{n_t} run on torch (forward+backward CPU ms ours / torch):")
         for k, c in state.choices.items():
-            ms = "random op" if c.get("random") else "given" if c["ours_ms"] is None \
+            ms = "random op" if c.get("random") else "model check" if c.get("model_check") \
+                else "given" if c["ours_ms"] is None \
                 else f"{c['ours_ms']:.3f} / {c['torch_ms']:.3f}"
             lines.append(f"  {c['side']:<5} {ms:<18} {k}")
     else:
         lines.append(f"select={state.select!r}")
+    check = state.model_check
+    if check is not None and check["selected_ms"] is not None:
+        lines.append("in-model check ({} steps per arm, median step ms): selection {:.2f}, all "
+                     "torch {:.2f}: {}".format(check["steps_per_arm"], check["selected_ms"],
+                                               check["torch_ms"], check["outcome"]))
+    elif state.check is not None and state.choices:
+        lines.append("in-model check: not done yet (it alternates selection and all-torch "
+                     "steps once the choices settle)")
     compiled = _compiled(state)
     lines.append(compiled.pop("line"))
     tim = None
@@ -207,7 +220,8 @@ def report(model, file="stdout", timing: bool = False) -> Report:
                  avail, missing, state.optimizer, tim,
                  {k: c["side"] for k, c in state.choices.items()},
                  {k: dict(c) for k, c in state.choices.items()}, "\n".join(lines),
-                 compiled=compiled, forwards=fwd)
+                 compiled=compiled, forwards=fwd,
+                 model_check=None if state.model_check is None else dict(state.model_check))
     return _emit(rep, file)
 
 

@@ -261,10 +261,15 @@ def choose(state, name: str, extra, run_ours, run_torch, args, kwargs, key=None,
         sig = signature(name, args, kwargs, f" {extra}" if extra else "")
         c = state.choices.get(sig)
         if c is None:
-            c = {"side": "torch", "ours_ms": None, "torch_ms": None, "random": True} \
-                if random else measure(run_ours, run_torch, args, kwargs)
+            if random:
+                c = {"side": "torch", "ours_ms": None, "torch_ms": None, "random": True}
+            elif state.all_torch:  # the in-model check put everything on torch
+                c = {"side": "torch", "ours_ms": None, "torch_ms": None, "model_check": True}
+            else:
+                c = measure(run_ours, run_torch, args, kwargs)
             state.choices[sig] = c
-        side = state.sides[fast] = c["side"]
+        # (the in-model check's all-torch arm: this call's table is that arm's)
+        side = state.sides[fast] = "torch" if state.torch_arm else c["side"]
     if random and side == "torch" and stats is not None:
         stats.chose_why = RANDOM_TORCH
     return side
