@@ -5,7 +5,8 @@ ResNet/MobileNetV3-style networks written as torchvision writes them
 (``tests/models/torchvision_style.py``), random init, synthetic batches, AdamW. Each
 model is deep-copied for the two sides (same weights); the torch side runs
 ``torch.optim.AdamW(fused=True)``, ours is ``optimize(model, AdamW)`` with the default
-``select="fastest"`` (its first steps measure; they are warm-up here).
+``select="fastest"`` (its first steps measure, and its in-model check alternates the
+selection with all-torch steps after that: both are warm-up here).
 
 Method: the two sides alternate in rounds (torch then ours, ours then torch, ...), each
 round a few steps per side; a round's ratio is torch's median step / ours' median step
@@ -42,6 +43,7 @@ import torch._dynamo.testing
 import torch.nn.functional as F
 
 import ortcpu_torch
+from ortcpu_torch.wrap.policy import STATE_ATTR
 
 from ._util import ForeignLoad, machine_info, openmp_runtimes, set_threads, write_results
 
@@ -208,6 +210,13 @@ def run(name: str, rounds: int, steps: int, warmup: int, compiled: bool = False)
             _step(sides[side], opts[side], loss_fn)
             if counter is not None and first is None and side == "ours":
                 first = counter.frame_count
+    # select's in-model check alternates its arms over the first steps after the choices
+    # settle: part of the warm-up, so the rounds time the steady state
+    state = getattr(sides["ours"], STATE_ATTR, None)
+    for _ in range(64):
+        if state is None or state.check is None:
+            break
+        _step(sides["ours"], opts["ours"], loss_fn)
     times = {"torch": [], "ours": []}
     for r in range(rounds):
         order = ("torch", "ours") if r % 2 == 0 else ("ours", "torch")
@@ -223,6 +232,7 @@ def run(name: str, rounds: int, steps: int, warmup: int, compiled: bool = False)
     t_ms = statistics.median(t for ts in times["torch"] for t in ts) * 1e3
     o_ms = statistics.median(t for ts in times["ours"] for t in ts) * 1e3
     rep = ortcpu_torch.report(sides["torch"] if compiled else sides["ours"], file=None)
+    check = rep.model_check or {}
     extra = {} if counter is None else {"frames_first_call": first,
                                         "frames": counter.frame_count,
                                         "frames_plain": _plain_frames(base, loss_fn, warmup),
@@ -233,7 +243,7 @@ def run(name: str, rounds: int, steps: int, warmup: int, compiled: bool = False)
             "round_ratios": [round(x, 3) for x in ratios],
             "swapped": len(rep.modules),
             "signatures_on_torch": sum(c["side"] == "torch" for c in rep.choices.values()),
-            "signatures": len(rep.choices)}
+            "signatures": len(rep.choices), "model_check": check.get("outcome")}
 
 
 def _verdict(row: dict) -> str:
@@ -288,9 +298,10 @@ def main(argv=None) -> None:
         rows.append(row)
         col = f"{row['frames']:>4}/{row['frames_plain']:<3}" if args.compile else \
             f"{row['signatures_on_torch']:>3}/{row['signatures']:<4}"
+        check = "" if args.compile else f" (in-model check: {row['model_check']})"
         print(f"{n:<14} {row['torch_ms']:>9.2f} {row['ours_ms']:>9.2f} {row['ratio']:>6.2f}x"
-              f" {row['ratio_p25']:>5.2f}-{row['ratio_p75']:.2f}x  {col}  {row['verdict']}",
-              flush=True)
+              f" {row['ratio_p25']:>5.2f}-{row['ratio_p75']:.2f}x  {col}  {row['verdict']}"
+              f"{check}", flush=True)
     fl = load.report()
     machine["foreign_load"] = fl
     busy = ": ratios on a loaded machine" if fl["foreign_share"] > 0.1 else ""
@@ -315,11 +326,11 @@ def main(argv=None) -> None:
                f"{r['verdict']} |" for r in rows]
     else:
         md += ["| model | torch ms | ours ms | ratio | spread | signatures run on torch | "
-               "verdict |", "|---|---:|---:|---:|---:|---:|---|"]
+               "in-model check | verdict |", "|---|---:|---:|---:|---:|---:|---|---|"]
         md += [f"| {r['model']} | {r['torch_ms']:.2f} | {r['ours_ms']:.2f} | "
                f"{r['ratio']:.2f}x | {r['ratio_p25']:.2f}-{r['ratio_p75']:.2f}x | "
-               f"{r['signatures_on_torch']}/{r['signatures']} | {r['verdict']} |"
-               for r in rows]
+               f"{r['signatures_on_torch']}/{r['signatures']} | {r['model_check'] or '-'} | "
+               f"{r['verdict']} |" for r in rows]
     if not args.names and not args.quick:
         write_results("models_compile" if args.compile else "models",
                       {"machine": machine, "threads": args.threads, "rounds": rounds,

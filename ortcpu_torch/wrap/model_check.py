@@ -87,12 +87,14 @@ class ModelCheck:
         swapped module's sides and direct-call table (``swap.py``)."""
         state, infos = self.state, self._infos(root)
         if self.saved is None:
-            self.saved = (state.sides, [(i, i.sides, i.steady) for i in infos])
-            self.torch_tables = ({k: "torch" for k in state.sides},
+            self.saved = (state.sides, state.plans, [(i, i.sides, i.steady) for i in infos])
+            # the census plans too: with nothing routed to ours, the all-torch arm's
+            # forwards take no torch function mode and install no routers
+            self.torch_tables = ({k: "torch" for k in state.sides}, {},
                                  [(i, {k: "torch" for k in i.sides}, dict(i.steady))
                                   for i in infos])
-        sides, per_module = self.saved if arm == "selected" else self.torch_tables
-        state.sides, state.torch_arm = sides, arm == "torch"
+        sides, plans, per_module = self.saved if arm == "selected" else self.torch_tables
+        state.sides, state.plans, state.torch_arm = sides, plans, arm == "torch"
         for info, s, steady in per_module:
             info.sides, info.steady = s, steady
 
@@ -103,14 +105,13 @@ class ModelCheck:
             self._use(root, "selected")
             self._finish("kept the selection", sel, tor)
             return
-        # every choice to torch, for good: the tables of arm "torch" stay, the census
-        # plans are redone (no functional routes any more), new signatures go to torch
+        # every choice to torch, for good: the tables of arm "torch" stay (its census plans
+        # route nothing), new signatures go to torch
         self._use(root, "torch")
         state = self.state
         for c in state.choices.values():
             c["side"] = "torch"
         state.all_torch = True
-        state.plans.clear()
         self._finish("all torch", sel, tor)
 
     def _finish(self, outcome: str, sel, tor) -> None:
