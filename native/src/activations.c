@@ -4,6 +4,7 @@
 #include "blocksum.h"
 #include "softmax_avx2.h"
 #include "gelu_avx2.h"
+#include "gelu_avx512.h"
 
 #define ORT_TEMPLATE "activations.inc"
 #define ORT_TEMPLATE2 "softmax.inc"
