@@ -9,16 +9,29 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import ortcpu_torch
 from ortcpu_torch.wrap import model_check as MC
 from ortcpu_torch.wrap import select as S
+from ortcpu_torch.wrap.policy import INFO_ATTR
+
+
+class _Net(nn.Module):
+    """Swapped modules and a routed functional (F.gelu)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.norm, self.out = nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.out(self.norm(F.gelu(self.fc(x))))
 
 
 def _model():
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 4))
+    return _Net()
 
 
 @pytest.fixture
@@ -79,7 +92,12 @@ def test_check_keeps_the_selection_only_where_it_is_faster(monkeypatch, ours_mea
     after = {d["name"]: d["calls_ours"] for d in ortcpu_torch.report(model, file=None).modules}
     grew = any(after[n] > before[n] for n in before)
     assert grew == (outcome == "kept the selection")
-    if outcome == "all torch":  # a new signature afterwards goes to torch unmeasured
+    if outcome == "all torch":
+        # torch's modules are back (the same parameters); the report keeps the record
+        assert not any(INFO_ATTR in m.__dict__ for m in model.modules())
+        assert all(type(m).__module__.startswith("torch.nn") for m in model.children())
+        assert len(rep.modules) == 3
+        # a new signature of the functional goes to torch, unmeasured
         _train(model, 1, torch.randn(3, 8))
         rep = ortcpu_torch.report(model, file=None)
         new = [c for c in rep.choices.values() if c.get("model_check")]

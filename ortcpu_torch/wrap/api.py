@@ -17,8 +17,8 @@ from .swap import (
     add_scope,
     build_swap,
     remove_hooks,
+    restore_originals,
     set_child,
-    sync_to_original,
 )
 from .tables import MODULES, class_path
 
@@ -64,7 +64,8 @@ def wrap(model: torch.nn.Module, *, fallback: str = "warn", include=None, exclud
     run). Once the choices settle, and if some are ours, an in-model check alternates
     training steps between the selection and everything on torch (``PAIRS`` each, the
     whole step timed) and keeps the selection only if its median step is faster; else
-    every choice, and every later one, goes to torch (``wrap/model_check.py``; an op
+    every choice, and every later one, goes to torch and the torch modules come back
+    (``wrap/model_check.py``; an op
     faster alone can slow its neighbours down). ``"ours"``: always ours.
     ``report(model).selection``, passed back as ``select=``, replays the choices
     (without the check).
@@ -215,12 +216,7 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     the training flag and configuration the swapped modules had), the hooks go. Returns
     the same object."""
     state = model.__dict__.get(STATE_ATTR)
-    for qualname, m in list(model.named_modules(remove_duplicate=False)):
-        info = m.__dict__.get(INFO_ATTR)
-        if info is None or not qualname:
-            continue
-        sync_to_original(m, info.original, info.attrs)
-        set_child(model, qualname, info.original)
+    restore_originals(model)
     for m in model.modules():
         remove_hooks(m, (ScopeEnter, ScopeExit))
     remove_hooks(model, (EnterHook, ExitHook))

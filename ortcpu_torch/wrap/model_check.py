@@ -13,8 +13,9 @@ between the selection (arm "selected") and every call on torch (arm "torch"), ti
 from one root forward's start to the next (the whole step: forward, backward,
 optimizer, whatever the loop does between). The selection stays only if its median
 step is at least ``MARGIN`` faster than the all-torch median; otherwise every choice
-goes to torch for good (new signatures too, unmeasured), so the wrap is never slower
-than torch by its choices. Steps are real training steps on either arm (both compute the
+goes to torch for good (new signatures too, unmeasured) and the torch modules are put
+back in place of the swapped ones, so the wrap is never slower than torch by its
+choices and costs nothing per call. Steps are real training steps on either arm (both compute the
 same function), so nothing is wasted but the slower arm's time. ``report()`` gives both
 medians and the outcome. A new signature during the alternation (another input shape,
 eval forwards) puts the selection back and starts the wait again.
@@ -26,6 +27,7 @@ import statistics
 import time
 
 from .policy import INFO_ATTR
+from .swap import restore_originals
 
 SETTLE = 2  # training forwards with no new choice before the alternation starts
 PAIRS = 6  # steps per arm
@@ -106,12 +108,15 @@ class ModelCheck:
             self._finish("kept the selection", sel, tor)
             return
         # every choice to torch, for good: the tables of arm "torch" stay (its census plans
-        # route nothing), new signatures go to torch
+        # route nothing), new signatures go to torch, and the torch modules come back in
+        # place of the swapped ones (no wrapper left on their calls; the report keeps
+        # their record)
         self._use(root, "torch")
         state = self.state
         for c in state.choices.values():
             c["side"] = "torch"
         state.all_torch = True
+        restore_originals(root)
         self._finish("all torch", sel, tor)
 
     def _finish(self, outcome: str, sel, tor) -> None:

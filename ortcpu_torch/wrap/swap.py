@@ -448,6 +448,17 @@ def build_swap(entry: ModuleEntry, m: torch.nn.Module, qualname: str, state):
     return new, None
 
 
+def restore_originals(model: torch.nn.Module) -> None:
+    """Put each swapped submodule's torch original back in its place (the same Parameter
+    and buffer objects; configuration and training flag synced from the swapped one)."""
+    for qualname, m in list(model.named_modules(remove_duplicate=False)):
+        info = m.__dict__.get(INFO_ATTR)
+        if info is None or not qualname:
+            continue
+        sync_to_original(m, info.original, info.attrs)
+        set_child(model, qualname, info.original)
+
+
 def set_child(root: torch.nn.Module, qualname: str, new: torch.nn.Module) -> None:
     parent_name, _, child = qualname.rpartition(".")
     parent = root.get_submodule(parent_name) if parent_name else root
