@@ -65,8 +65,8 @@ def wrap(model: torch.nn.Module, *, fallback: str = "warn", include=None, exclud
     training steps between the selection and everything on torch (``PAIRS`` each, the
     whole step timed) and keeps the selection only if its median step is faster; else
     every choice, and every later one, goes to torch and the torch modules come back
-    (``wrap/model_check.py``; an op
-    faster alone can slow its neighbours down). ``"ours"``: always ours.
+    (``wrap/model_check.py``; an op faster alone can slow its neighbours down).
+    ``"ours"``: always ours.
     ``report(model).selection``, passed back as ``select=``, replays the choices
     (without the check).
 
