@@ -151,3 +151,19 @@ def test_a_copy_taken_mid_alternation_runs_the_selection(monkeypatch, ours_measu
     assert st.check is None and not st.torch_arm
     twin(torch.randn(5, 8)).sum().backward()
     assert all(c["side"] == "ours" for c in st.choices.values())
+
+
+def test_all_torch_leaves_a_hooked_module_in_place(monkeypatch, ours_measured_faster):
+    """A hook the user put on a swapped module keeps firing: that module is not swapped
+    back (it runs torch's side through the wrapper)."""
+    model = ortcpu_torch.wrap(_model())
+    seen = []
+    model.norm.register_forward_hook(lambda m, i, o: seen.append(1))
+    ref = _steps_clock(monkeypatch, {"selected": 2.0, "torch": 1.0})
+    ref["state"] = _state(model)
+    _train(model, MC.SETTLE + 2 * MC.PAIRS + 2, torch.randn(5, 8))
+    assert _state(model).model_check["outcome"] == "all torch"
+    assert INFO_ATTR in model.norm.__dict__ and INFO_ATTR not in model.fc.__dict__
+    n = len(seen)
+    _train(model, 1, torch.randn(5, 8))
+    assert len(seen) == n + 1

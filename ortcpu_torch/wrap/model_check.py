@@ -116,7 +116,7 @@ class ModelCheck:
         for c in state.choices.values():
             c["side"] = "torch"
         state.all_torch = True
-        restore_originals(root)
+        restore_originals(root, keep_hooked=True)  # a user's hooks stay where they are
         self._finish("all torch", sel, tor)
 
     def _finish(self, outcome: str, sel, tor) -> None:

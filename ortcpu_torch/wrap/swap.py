@@ -448,12 +448,20 @@ def build_swap(entry: ModuleEntry, m: torch.nn.Module, qualname: str, state):
     return new, None
 
 
-def restore_originals(model: torch.nn.Module) -> None:
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
+               "_backward_pre_hooks", "_state_dict_hooks", "_load_state_dict_pre_hooks")
+
+
+def restore_originals(model: torch.nn.Module, keep_hooked: bool = False) -> None:
     """Put each swapped submodule's torch original back in its place (the same Parameter
-    and buffer objects; configuration and training flag synced from the swapped one)."""
+    and buffer objects; configuration and training flag synced from the swapped one).
+    ``keep_hooked``: leave a swapped module that has hooks (registered on it after the
+    wrap: the original does not have them) where it is."""
     for qualname, m in list(model.named_modules(remove_duplicate=False)):
         info = m.__dict__.get(INFO_ATTR)
         if info is None or not qualname:
+            continue
+        if keep_hooked and any(getattr(m, h, None) for h in _HOOK_DICTS):
             continue
         sync_to_original(m, info.original, info.attrs)
         set_child(model, qualname, info.original)
