@@ -14,10 +14,11 @@ from one root forward's start to the next (the whole step: forward, backward,
 optimizer, whatever the loop does between). The selection stays only if its median
 step is at least ``MARGIN`` faster than the all-torch median; otherwise every choice
 goes to torch for good (new signatures too, unmeasured) and the torch modules are put
-back in place of the swapped ones, so the wrap is never slower than torch by its
-choices and costs nothing per call. Steps are real training steps on either arm (both compute the
-same function), so nothing is wasted but the slower arm's time. ``report()`` gives both
-medians and the outcome. A new signature during the alternation (another input shape,
+back in place of the swapped ones (except those carrying hooks of the user's), so the
+wrap is never slower than torch by its choices and costs almost nothing per call.
+Steps are real training steps on either arm (both compute the same function), so
+nothing is wasted but the slower arm's time. ``report()`` gives both medians and the
+outcome. A new signature during the alternation (another input shape,
 eval forwards) puts the selection back and starts the wait again.
 """
 
