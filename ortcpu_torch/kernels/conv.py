@@ -122,7 +122,7 @@ class ConvPlan:
         self.unbatched = False  # set by the front end: its input gets a batch axis of 1
         # the channels-last depthwise kernel's (forward, backward): a 2-D convolution with
         # group == C == M, pads >= 0, algorithm "auto" (a forced one keeps its lowering)
-        n_, c, m, group = geom[:4]
+        _, c, m, group = geom[:4]
         self.nhwc = (native_fn("dw_nhwc_forward", dtype), native_fn("dw_nhwc_backward", dtype)) \
             if geom[4] == 1 and geom[7] == 1 and group == c == m > 1 and geom[22] == 0 \
             and min(geom[16:19]) >= 0 else None
@@ -148,54 +148,50 @@ def conv_plan(op, X, W, B=None, **attrs) -> ConvPlan:
     return ConvPlan(op, geom, out_shape, X.dtype)
 
 
-def conv_forward_plan(plan: ConvPlan, X, W, B=None) -> torch.Tensor:
-    """Y of ``plan`` for contiguous X, W, B of the signature it was checked for."""
-    Y = empty(plan.out_shape, plan.dtype)
-    st = plan.fwd(ptr(X), ptr(W), ptr(B), ptr(Y), plan.geom_c, get_num_threads())
+def _forward(fn, plan: ConvPlan, y_shape, X, W, B) -> torch.Tensor:
+    Y = empty(y_shape, plan.dtype)
+    st = fn(ptr(X), ptr(W), ptr(B), ptr(Y), plan.geom_c, get_num_threads())
     if st:
         check_status(st, plan.op)
     return Y
 
 
-def conv_backward_plan(plan: ConvPlan, dY, X, W, need=(True, True, True)):
-    """(dX, dW, dB) of ``plan``, None where ``need`` says so; dY contiguous, of the
-    plan's output shape, X and W as checked."""
+def _backward(fn, plan: ConvPlan, dY, X, W, need):
+    """(dX, dW, dB) shaped like X, W and [M], None where ``need`` says so."""
     dX = empty(X.shape, plan.dtype) if need[0] else None
     dW = empty(W.shape, plan.dtype) if need[1] else None
     dB = empty((plan.m,), plan.dtype) if need[2] else None
     if dX is None and dW is None and dB is None:
         return None, None, None
-    st = plan.bwd(ptr(dY), ptr(X), ptr(W), ptr(dX), ptr(dW), ptr(dB), plan.geom_c,
-                  get_num_threads())
+    st = fn(ptr(dY), ptr(X), ptr(W), ptr(dX), ptr(dW), ptr(dB), plan.geom_c,
+            get_num_threads())
     if st:
         check_status(st, plan.op)
     return dX, dW, dB
+
+
+def conv_forward_plan(plan: ConvPlan, X, W, B=None) -> torch.Tensor:
+    """Y of ``plan`` for contiguous X, W, B of the signature it was checked for."""
+    return _forward(plan.fwd, plan, plan.out_shape, X, W, B)
+
+
+def conv_backward_plan(plan: ConvPlan, dY, X, W, need=(True, True, True)):
+    """(dX, dW, dB) of ``plan``, None where ``need`` says so; dY contiguous, of the
+    plan's output shape, X and W as checked."""
+    return _backward(plan.bwd, plan, dY, X, W, need)
 
 
 def dw_nhwc_forward(plan: ConvPlan, X, Wt, B=None) -> torch.Tensor:
     """Y [N, OH, OW, C] of a depthwise ``plan`` (``plan.nhwc``) on channels-last memory:
     X [N, H, W, C] and the tap-major weight Wt [KH*KW, C], both contiguous."""
     n, _, oh, ow = plan.out_shape
-    Y = empty((n, oh, ow, plan.m), plan.dtype)
-    st = plan.nhwc[0](ptr(X), ptr(Wt), ptr(B), ptr(Y), plan.geom_c, get_num_threads())
-    if st:
-        check_status(st, plan.op)
-    return Y
+    return _forward(plan.nhwc[0], plan, (n, oh, ow, plan.m), X, Wt, B)
 
 
 def dw_nhwc_backward(plan: ConvPlan, dY, X, Wt, need=(True, True, True)):
     """(dX [N, H, W, C], dWt [KH*KW, C], dB) of ``dw_nhwc_forward``, None where ``need``
     says so; dY [N, OH, OW, C] contiguous."""
-    dX = empty(X.shape, plan.dtype) if need[0] else None
-    dW = empty(Wt.shape, plan.dtype) if need[1] else None
-    dB = empty((plan.m,), plan.dtype) if need[2] else None
-    if dX is None and dW is None and dB is None:
-        return None, None, None
-    st = plan.nhwc[1](ptr(dY), ptr(X), ptr(Wt), ptr(dX), ptr(dW), ptr(dB), plan.geom_c,
-                      get_num_threads())
-    if st:
-        check_status(st, plan.op)
-    return dX, dW, dB
+    return _backward(plan.nhwc[1], plan, dY, X, Wt, need)
 
 
 PATHS = {v: k for k, v in ALGOS.items() if v}
