@@ -339,12 +339,14 @@ def _blocked(x):
                                        (3, 64, 96, (1, 1)), (1, 320, 32, (9, 11)),
                                        (2, 48, 64, (23, 23)), (1, 320, 128, (9, 11)),
                                        (3, 16, 192, (5, 5))])
-def test_conv1x1_nchw16c_matches_float64(threads, nb, k, n, hw):
+@pytest.mark.parametrize("nofetch", [0, 2])
+def test_conv1x1_nchw16c_matches_float64(threads, nb, k, n, hw, nofetch):
     """The channel-blocked 1x1 ([N][C/16][P][16] in and out): the 6 x 64 tile where the
     output channels are a multiple of 64 (partial tiles of 1-5 positions, several
     groups of 4 panels), else the 8 x 32 one (one panel, odd panel counts, a reduction in
     slices at k = 320); a 1x1 map, position chunks split over threads; bias, residual
-    (blocked too) and ReLU."""
+    (blocked too) and ReLU; the 6 x 64 tile fetching its weight rows ahead or not
+    (ORTCPU_CONV16C_NO_FETCH)."""
     from ortcpu_torch._native import ptr
 
     g = torch.Generator().manual_seed(10)
@@ -360,7 +362,7 @@ def test_conv1x1_nchw16c_matches_float64(threads, nb, k, n, hw):
         ref = ref.relu() if relu else ref
         y = torch.full((nb, n // 16, hw[0] * hw[1], 16), float("nan"))
         assert lib.ortcpu_conv1x1_nchw16c(nb, n, k, hw[0] * hw[1], ptr(xb), ptr(pw.data),
-                                          ptr(bias), ptr(res), relu, ptr(y), 0,
+                                          ptr(bias), ptr(res), relu | nofetch, ptr(y), 0,
                                           threads) == 0
         assert_close(y, _blocked(ref.float()), rtol=1e-5, atol=1e-5 * k ** 0.5,
                      msg=f"{bias is None} {res is None} {relu}")
@@ -376,12 +378,13 @@ def test_conv1x1_nchw16c_matches_float64(threads, nb, k, n, hw):
                                                 (2, 16, 128, 9, 11, 3, 1, 1, 1),
                                                 (1, 32, 64, 14, 13, 3, 2, 1, 1),
                                                 (1, 64, 64, 8, 8, 5, 1, 4, 2)])
-def test_conv_nchw16c_matches_float64(threads, nb, c, m, h, w, k, s, p, d):
+@pytest.mark.parametrize("nofetch", [0, 2])
+def test_conv_nchw16c_matches_float64(threads, nb, c, m, h, w, k, s, p, d, nofetch):
     """The implicit-GEMM convolution on channel-blocked tensors (padded per 16-channel
     plane, the reduction in (block, tap, channel) order), on the 8 x 32 tile and, for
     output channels in groups of 64, the 6 x 64 one (rows of 1-5 leftover positions):
     stride 1 and 2, a strided 1x1, dilated 5x5s, no padding; bias, blocked residual and
-    ReLU."""
+    ReLU; weight rows fetched ahead or not."""
     from ortcpu_torch._native import ffi, ptr
 
     g = torch.Generator().manual_seed(11)
@@ -395,8 +398,8 @@ def test_conv_nchw16c_matches_float64(threads, nb, c, m, h, w, k, s, p, d):
     geom = ffi.new("int64_t[]", [nb, c, h, w, m, 1, k, k, oh, ow, s, s, p, p, d, d])
     y = torch.full((nb, m // 16, oh * ow, 16), float("nan"))
     xb, rb = _blocked(x), _blocked(r)  # held: ptr() keeps no reference
-    assert lib.ortcpu_conv_nchw16c(ptr(xb), ptr(pw.data), ptr(b), ptr(rb), 1, ptr(y), 0,
-                                   geom, threads) == 0
+    assert lib.ortcpu_conv_nchw16c(ptr(xb), ptr(pw.data), ptr(b), ptr(rb), 1 | nofetch,
+                                   ptr(y), 0, geom, threads) == 0
     assert_close(y, _blocked(ref.float()), rtol=1e-5, atol=1e-5 * (c * k * k) ** 0.5)
     geom[1] = 24  # not whole channel blocks
     assert lib.ortcpu_conv_nchw16c(ptr(x), ptr(pw.data), ptr(b), ffi.NULL, 0, ptr(y), 0,
@@ -408,7 +411,8 @@ def test_conv_nchw16c_matches_float64(threads, nb, c, m, h, w, k, s, p, d):
 @pytest.mark.parametrize("nb,k,n,hw,s", [(1, 32, 64, (14, 14), 2), (2, 64, 48, (13, 11), 2),
                                          (3, 16, 128, (9, 10), (3, 2)),
                                          (1, 1024, 128, (7, 7), 2)])
-def test_conv1x1s_nchw16c_matches_float64(threads, nb, k, n, hw, s):
+@pytest.mark.parametrize("nofetch", [0, 2])
+def test_conv1x1s_nchw16c_matches_float64(threads, nb, k, n, hw, s, nofetch):
     """The strided blocked 1x1 (X subsampled per 16-channel plane into a scratch copy):
     both tiles, odd maps, unequal strides; bias, blocked residual and ReLU, and a channel
     slice of a wider output (ystride)."""
@@ -427,7 +431,8 @@ def test_conv1x1s_nchw16c_matches_float64(threads, nb, k, n, hw, s):
     wide = torch.full((nb, n // 16 + 2, p, 16), float("nan"))
     y = wide[:, 1:1 + n // 16]
     assert lib.ortcpu_conv1x1s_nchw16c(nb, n, k, *hw, sh, sw, ptr(xb), ptr(pw.data), ptr(b),
-                                       ptr(rb), 1, ptr(y), wide[0].numel(), threads) == 0
+                                       ptr(rb), 1 | nofetch, ptr(y), wide[0].numel(),
+                                       threads) == 0
     assert_close(y, _blocked(ref.float()), rtol=1e-5, atol=1e-5 * k ** 0.5)
     assert wide[:, 0].isnan().all() and wide[:, -1].isnan().all()
     assert lib.ortcpu_conv1x1s_nchw16c(nb, n, k, *hw, 0, sw, ffi.NULL, ffi.NULL, ffi.NULL,
@@ -464,6 +469,24 @@ def test_conv_nchw_to16c_matches_float64(threads, nb, c, m, h, w, k, s, p):
     geom[4] = 48  # not a group of 64 output channels
     assert lib.ortcpu_conv_nchw_to16c(ptr(x), ptr(pw.data), ptr(b), ffi.NULL, 0, ptr(y), 0,
                                       geom, threads) != 0
+
+
+@needs_conv1x1
+def test_blocked_convs_reject_unknown_flags():
+    from ortcpu_torch._native import ffi, ptr
+
+    assert lib.ORTCPU_CONV16C_RELU == 1 and lib.ORTCPU_CONV16C_NO_FETCH == 2
+    x, y = torch.zeros(1, 1, 4, 16), torch.full((1, 4, 4, 16), 7.0)
+    pw = PackedWeight.pack(torch.zeros(64, 16), True)
+    assert lib.ortcpu_conv1x1_nchw16c(1, 64, 16, 4, ptr(x), ptr(pw.data), ffi.NULL, ffi.NULL,
+                                      4, ptr(y), 0, 1) != 0
+    assert "unknown flags" in ffi.string(lib.ortcpu_last_error()).decode()
+    assert (y == 7).all()
+    geom = ffi.new("int64_t[]", [1, 16, 2, 2, 64, 1, 1, 1, 2, 2, 1, 1, 0, 0, 1, 1])
+    assert lib.ortcpu_conv_nchw16c(ptr(x), ptr(pw.data), ffi.NULL, ffi.NULL, 8, ptr(y), 0,
+                                   geom, 1) != 0
+    assert lib.ortcpu_conv1x1s_nchw16c(1, 64, 16, 2, 2, 1, 1, ptr(x), ptr(pw.data), ffi.NULL,
+                                       ffi.NULL, -1, ptr(y), 0, 1) != 0
 
 
 @needs_conv1x1

@@ -712,15 +712,19 @@ int ortcpu_conv1x1s_p16(int64_t nb, int64_t n, int64_t k, int64_t h, int64_t w, 
  * conv1x1_p16; ystride as conv1x1_p16's. The graph executor's blocked regions run their
  * Convs on these kernels (graph/ops_blocked.py); benchmarks/nchw16c.py measures chains of
  * both layouts. Output channels in groups of 64 with k <= 2304 run a 6-position x
- * 64-channel tile. */
+ * 64-channel tile. flags (here and in conv1x1s_nchw16c, conv_nchw16c): ORTCPU_CONV16C_RELU
+ * applies ReLU; ORTCPU_CONV16C_NO_FETCH leaves the 6 x 64 tile's weight rows to the
+ * hardware prefetchers instead of fetching them ahead (which is faster depends on the CPU
+ * and the shape: the graph executor measures both). */
+enum { ORTCPU_CONV16C_RELU = 1, ORTCPU_CONV16C_NO_FETCH = 2 };
 int ortcpu_conv1x1_nchw16c(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
                            const float *packed, const float *bias, const float *res,
-                           int relu, float *y, int64_t ystride, int nthreads);
+                           int flags, float *y, int64_t ystride, int nthreads);
 /* conv1x1s_nchw16c: conv1x1s_p16 on channel-blocked tensors (X [nb][k/16][h*w][16] read
  * subsampled at the strides into a scratch copy, then conv1x1_nchw16c's kernel). */
 int ortcpu_conv1x1s_nchw16c(int64_t nb, int64_t n, int64_t k, int64_t h, int64_t w,
                             int64_t sh, int64_t sw, const float *x, const float *packed,
-                            const float *bias, const float *res, int relu, float *y,
+                            const float *bias, const float *res, int flags, float *y,
                             int64_t ystride, int nthreads);
 /* conv_nchw16c: conv_p16 on channel-blocked tensors, X [nb][c/16][H][W][16] ->
  * Y [nb][m/16][OH][OW][16] (res likewise), c and m multiples of 16; W packed as for
@@ -728,7 +732,7 @@ int ortcpu_conv1x1s_nchw16c(int64_t nb, int64_t n, int64_t k, int64_t h, int64_t
  * W [m][c/16][16][kh][kw] permuted to [m][c/16][kh][kw][16]; ystride as conv_p16's (see
  * conv1x1_nchw16c; the same two tiles, by the same rule). */
 int ortcpu_conv_nchw16c(const float *x, const float *packed, const float *bias,
-                        const float *res, int relu, float *y, int64_t ystride,
+                        const float *res, int flags, float *y, int64_t ystride,
                         const int64_t *geom, int nthreads);
 /* to_nchw16c / from_nchw16c (layout16.c): float32 X [n][c][p] -> Y [n][cp/16][p][16] and
  * back, cp >= c a multiple of 16 (channels c.. cp written as zeros, not read back): the
