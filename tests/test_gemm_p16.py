@@ -338,13 +338,13 @@ def _blocked(x):
 @pytest.mark.parametrize("nb,k,n,hw", [(1, 16, 16, (3, 5)), (2, 32, 48, (7, 7)),
                                        (3, 64, 96, (1, 1)), (1, 320, 32, (9, 11)),
                                        (2, 48, 64, (23, 23)), (1, 320, 128, (9, 11)),
-                                       (3, 16, 192, (5, 5))])
+                                       (3, 16, 192, (5, 5)), (1, 2320, 64, (5, 7))])
 @pytest.mark.parametrize("nofetch", [0, 2])
 def test_conv1x1_nchw16c_matches_float64(threads, nb, k, n, hw, nofetch):
     """The channel-blocked 1x1 ([N][C/16][P][16] in and out): the 6 x 64 tile where the
     output channels are a multiple of 64 (partial tiles of 1-5 positions, several
-    groups of 4 panels), else the 8 x 32 one (one panel, odd panel counts, a reduction in
-    slices at k = 320); a 1x1 map, position chunks split over threads; bias, residual
+    groups of 4 panels; k = 2320 in slices over blocks of tiles), else the 8 x 32 one (one
+    panel, odd panel counts, a reduction in slices at k = 320); a 1x1 map, position chunks split over threads; bias, residual
     (blocked too) and ReLU; the 6 x 64 tile fetching its weight rows ahead or not
     (ORTCPU_CONV16C_NO_FETCH)."""
     from ortcpu_torch._native import ptr
@@ -377,12 +377,15 @@ def test_conv1x1_nchw16c_matches_float64(threads, nb, k, n, hw, nofetch):
                                                 (1, 48, 32, 6, 6, 3, 1, 0, 1),
                                                 (2, 16, 128, 9, 11, 3, 1, 1, 1),
                                                 (1, 32, 64, 14, 13, 3, 2, 1, 1),
-                                                (1, 64, 64, 8, 8, 5, 1, 4, 2)])
+                                                (1, 64, 64, 8, 8, 5, 1, 4, 2),
+                                                (2, 320, 64, 9, 7, 3, 1, 1, 1),
+                                                (1, 272, 128, 13, 14, 3, 2, 1, 1)])
 @pytest.mark.parametrize("nofetch", [0, 2])
 def test_conv_nchw16c_matches_float64(threads, nb, c, m, h, w, k, s, p, d, nofetch):
     """The implicit-GEMM convolution on channel-blocked tensors (padded per 16-channel
     plane, the reduction in (block, tap, channel) order), on the 8 x 32 tile and, for
-    output channels in groups of 64, the 6 x 64 one (rows of 1-5 leftover positions):
+    output channels in groups of 64, the 6 x 64 one (rows of 1-5 leftover positions;
+    reductions over 2304 steps in slices over bands of rows, the last band short):
     stride 1 and 2, a strided 1x1, dilated 5x5s, no padding; bias, blocked residual and
     ReLU; weight rows fetched ahead or not."""
     from ortcpu_torch._native import ffi, ptr

@@ -711,8 +711,7 @@ int ortcpu_conv1x1s_p16(int64_t nb, int64_t n, int64_t k, int64_t h, int64_t w, 
  * Y [nb][n/16][p][16], res in Y's layout, n and k multiples of 16, W packed as for
  * conv1x1_p16; ystride as conv1x1_p16's. The graph executor's blocked regions run their
  * Convs on these kernels (graph/ops_blocked.py); benchmarks/nchw16c.py measures chains of
- * both layouts. Output channels in groups of 64 with k <= 2304 run a 6-position x
- * 64-channel tile. flags (here and in conv1x1s_nchw16c, conv_nchw16c): ORTCPU_CONV16C_RELU
+ * both layouts. Output channels in groups of 64 run a 6-position x 64-channel tile. flags (here and in conv1x1s_nchw16c, conv_nchw16c): ORTCPU_CONV16C_RELU
  * applies ReLU; ORTCPU_CONV16C_NO_FETCH leaves the 6 x 64 tile's weight rows to the
  * hardware prefetchers instead of fetching them ahead (which is faster depends on the CPU
  * and the shape: the graph executor measures both). */

@@ -344,10 +344,11 @@ cb_store(const __m512 c[8], int R, const float *restrict res, int relu, float *r
  * the 8 x 32 tile on blocked tensors: +0-23% over NCHW on one thread, +1-17% on two,
  * where the 8 x 32 tile on blocked tensors ran 0.85-1.0x NCHW. */
 #define CQ_R 6
-/* the longest reduction on this tile (resnet50's 14x14 3x3s, 576 KB of panels): a unit
- * streams its 4 panels (256 bytes a step) once per tile, so they must stay in L2 (1 MB)
- * beside the rest; longer ones run the 8 x 32 tile, whose reductions run in slices or
- * pair-major (resnet50's 7x7 512 -> 512 3x3, k = 4608: 0.56x of NCHW on this tile) */
+/* the longest reduction of cq_tile (NCHW X; resnet50's 14x14 3x3s, 576 KB of panels): a
+ * unit streams its 4 panels (256 bytes a step) once per tile, so they must stay in L2
+ * (1 MB) beside the rest; longer ones run the 8 x 32 tile, whose reductions run in slices
+ * or pair-major (resnet50's 7x7 512 -> 512 3x3, k = 4608: 0.56x of NCHW on cq_tile).
+ * Blocked X (cq_run) takes any reduction, in slices. */
 #define CQ_MAX_K 2304
 
 /* the length of tile t of a run of len positions cut into ceil(len / CQ_R) tiles of
@@ -453,25 +454,39 @@ cq_tile(int R, const float *restrict xb, const int64_t *restrict off, int64_t s,
 #define CQ_ZERO4(a, b, c, d)                                                                \
     "vpxord %%zmm" a ", %%zmm" a ", %%zmm" a "\n\t" "vmovaps %%zmm" a ", %%zmm" b "\n\t"    \
     "vmovaps %%zmm" a ", %%zmm" c "\n\t" "vmovaps %%zmm" a ", %%zmm" d "\n\t"
+#define CQ_LOAD4(o, a, b, c, d)                                                             \
+    "vmovaps " #o "*256+0(%[acc]), %%zmm" a "\n\t"                                          \
+    "vmovaps " #o "*256+64(%[acc]), %%zmm" b "\n\t"                                         \
+    "vmovaps " #o "*256+128(%[acc]), %%zmm" c "\n\t"                                        \
+    "vmovaps " #o "*256+192(%[acc]), %%zmm" d "\n\t"
 #define CQ_STORE4(o, a, b, c, d)                                                            \
-    "vmovups %%zmm" a ", " #o "*256+0(%[acc])\n\t"                                          \
-    "vmovups %%zmm" b ", " #o "*256+64(%[acc])\n\t"                                         \
-    "vmovups %%zmm" c ", " #o "*256+128(%[acc])\n\t"                                        \
-    "vmovups %%zmm" d ", " #o "*256+192(%[acc])\n\t"
-/* cq_asm_R: acc[i][q] (16 floats each, all 6 x 4 written) = the k-step reduction of
- * position i (i < R; X at xb + off[step] + i * s) against panel q (pk + q * 16 * k);
- * k > 0 a multiple of 16 */
+    "vmovaps %%zmm" a ", " #o "*256+0(%[acc])\n\t"                                          \
+    "vmovaps %%zmm" b ", " #o "*256+64(%[acc])\n\t"                                         \
+    "vmovaps %%zmm" c ", " #o "*256+128(%[acc])\n\t"                                        \
+    "vmovaps %%zmm" d ", " #o "*256+192(%[acc])\n\t"
+/* cq_asm_R: acc[i][q] (16 floats each, 64-byte aligned, all 6 x 4 written) = (k0 > 0:
+ * acc[i][q] +) reduction steps [k0, k1) of position i (i < R; X at xb + off[step] +
+ * i * s) against panel q (pk + q * 16 * k); k0 < k1 multiples of 16 */
 #define CQ_ASM(R, NAME, FETCH)                                                              \
     __attribute__((target("arch=x86-64-v4"))) static void                                   \
-    NAME(const float *xb, const int64_t *off, int64_t s, const float *pk, int64_t k,  \
-               float *acc)                                                                  \
+    NAME(const float *xb, const int64_t *off, int64_t s, const float *pk, int64_t k,        \
+         int64_t k0, int64_t k1, float *acc)                                                \
     {                                                                                       \
-        const float *p0 = pk, *p3 = pk + 3 * P16 * k, *x, *x3, *xa;                        \
-        int64_t ks = P16 * k * 4, sb = s * 4, ahead = 2 * CQ_R * s * 4, blocks = k / P16;  \
+        const float *p0 = pk + k0 * P16, *p3 = p0 + 3 * P16 * k, *x, *x3, *xa;             \
+        int64_t ks = P16 * k * 4, sb = s * 4, ahead = 2 * CQ_R * s * 4;                    \
+        int64_t blocks = (k1 - k0) / P16;                                                   \
+        const int64_t *o = off + k0;                                                        \
         __asm__ volatile(                                                                   \
+            "testq %[k0], %[k0]\n\t"                                                        \
+            "jnz 2f\n\t"                                                                    \
             CQ_ZERO4("0", "1", "2", "3") CQ_ZERO4("4", "5", "6", "7")                       \
             CQ_ZERO4("8", "9", "10", "11") CQ_ZERO4("12", "13", "14", "15")                 \
             CQ_ZERO4("16", "17", "18", "19") CQ_ZERO4("20", "21", "22", "23")               \
+            "jmp 1f\n\t"                                                                    \
+            "2:\n\t"                                                                        \
+            CQ_LOAD4(0, "0", "1", "2", "3") CQ_LOAD4(1, "4", "5", "6", "7")                 \
+            CQ_LOAD4(2, "8", "9", "10", "11") CQ_LOAD4(3, "12", "13", "14", "15")           \
+            CQ_LOAD4(4, "16", "17", "18", "19") CQ_LOAD4(5, "20", "21", "22", "23")         \
             "1:\n\t"                                                                        \
             "movq (%[off]), %[x]\n\t"                                                       \
             "leaq (%[xb],%[x],4), %[x]\n\t"                                                 \
@@ -487,9 +502,10 @@ cq_tile(int R, const float *restrict xb, const int64_t *restrict off, int64_t s,
             CQ_STORE4(0, "0", "1", "2", "3") CQ_STORE4(1, "4", "5", "6", "7")               \
             CQ_STORE4(2, "8", "9", "10", "11") CQ_STORE4(3, "12", "13", "14", "15")         \
             CQ_STORE4(4, "16", "17", "18", "19") CQ_STORE4(5, "20", "21", "22", "23")       \
-            : [p0] "+r"(p0), [p3] "+r"(p3), [off] "+r"(off), [blocks] "+r"(blocks),         \
+            : [p0] "+r"(p0), [p3] "+r"(p3), [off] "+r"(o), [blocks] "+r"(blocks),           \
               [x] "=&r"(x), [x3] "=&r"(x3), [xa] "=&r"(xa)                                  \
-            : [xb] "r"(xb), [s] "r"(sb), [ks] "r"(ks), [ahead] "r"(ahead), [acc] "r"(acc)   \
+            : [xb] "r"(xb), [s] "r"(sb), [ks] "r"(ks), [ahead] "r"(ahead), [acc] "r"(acc),  \
+              [k0] "r"(k0)                                                                  \
             : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6",      \
               "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", \
               "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23",       \
@@ -508,7 +524,7 @@ CQ_ASM(4, cq_asm_4_nf, CQ_NO_FETCH)
 CQ_ASM(5, cq_asm_5_nf, CQ_NO_FETCH)
 CQ_ASM(6, cq_asm_6_nf, CQ_NO_FETCH)
 typedef void (*cq_asm_fn)(const float *, const int64_t *, int64_t, const float *, int64_t,
-                          float *);
+                          int64_t, int64_t, float *);
 /* [fetch][R] */
 static const cq_asm_fn cq_asm[2][CQ_R + 1] = {
     {NULL, cq_asm_1_nf, cq_asm_2_nf, cq_asm_3_nf, cq_asm_4_nf, cq_asm_5_nf, cq_asm_6_nf},
@@ -752,6 +768,7 @@ typedef struct {
     int blocked; /* conv_nchw16c: X, Y and res channel-blocked, positions 16 floats apart */
     int64_t xstep; /* floats from one X position to the next (16 blocked, 1 NCHW) */
     int fetch;     /* cq_asm's tiles fetch their panels' rows ahead (no CG_NO_FETCH) */
+    int64_t band;  /* cq_rows: output rows per unit */
 } cg_ctx;
 
 /* units [u0, u1): unit u is output row u % oh of one sample and one panel pair, ordered
@@ -810,50 +827,80 @@ typedef struct {
     int fetch; /* the tiles fetch their panels' rows ahead (cq_asm's FETCH) */
 } cq_next;
 
-/* positions [0, len) of a run on cq_asm_R: X at xb + i * s, Y (and res) at y + i * 16
- * (channel blocks p * 16 floats apart), in tiles of near-equal lengths (cq_len); k a
- * multiple of 16; tile t fetches part part0 + t of the next group */
+#ifndef CQ_KC
+#define CQ_KC 144
+#endif
+#ifndef CQ_TB
+#define CQ_TB 8
+#endif
+/* rows x len positions on cq_asm_R: position (r, i) reads X at xb + r * xr + i * s and
+ * writes Y (and res) at y + (r * len + i) * 16, channel blocks p * 16 floats apart; each
+ * row in tiles of near-equal lengths (cq_len); k a multiple of 16. Reductions longer than
+ * CQ_MAX_K (whose panels outgrow L2) run in slices of CQ_KC steps over blocks of CQ_TB
+ * tiles, the slice of the 4 panels staying in L1 across the block while the tiles' sums
+ * wait in acc (resnet50's 512 -> 512 3x3s, k = 4608, 7x7 out: 92 -> 105 GFLOPS on one
+ * Ice Lake core, where the 8 x 32 tile ran them before; slicing shorter reductions
+ * measured 1-4% slower). A tile's first slice fetches part part0 + (its index) of the next
+ * group. */
 __attribute__((target("arch=x86-64-v4"))) static void
-cq_run(const float *xb, int64_t s, int64_t len, const int64_t *off, const float *pk,
-       int64_t k, const float *bias, const float *res, int relu, float *y, int64_t p,
-       cq_next nx)
+cq_run(const float *xb, int64_t s, int64_t len, int64_t rows, int64_t xr, const int64_t *off,
+       const float *pk, int64_t k, const float *bias, const float *res, int relu, float *y,
+       int64_t p, cq_next nx)
 {
-    float acc[CQ_R * 4 * P16] __attribute__((aligned(64)));
-    for (int64_t i0 = 0, t = 0, R; i0 < len; i0 += R, t++) {
-        R = cq_len(len, t);
-        cq_fetch_next(nx.packed, nx.j0, nx.n, k, nx.part0 + t, nx.parts);
-        cq_asm[nx.fetch][R](xb + i0 * s, off, s, pk, k, acc);
-        for (int q = 0; q < 4; q++) {
-            __m512 bv = bias ? _mm512_loadu_ps(bias + q * P16) : _mm512_setzero_ps();
-            const float *rq = res ? res + (q * p + i0) * P16 : NULL;
-            float *yq = y + (q * p + i0) * P16;
-            for (int64_t i = 0; i < R; i++) {
-                __m512 v = _mm512_add_ps(_mm512_load_ps(acc + (i * 4 + q) * P16), bv);
-                if (rq) v = _mm512_add_ps(v, _mm512_loadu_ps(rq + i * P16));
-                if (relu) v = _mm512_max_ps(_mm512_setzero_ps(), v); /* NaN kept */
-                _mm512_storeu_ps(yq + i * P16, v);
+    float acc[CQ_TB][CQ_R * 4 * P16] __attribute__((aligned(64)));
+    int64_t per_row = (len + CQ_R - 1) / CQ_R, tiles = rows * per_row;
+    int64_t base = len / per_row, extra = len % per_row;
+    int sliced = k > CQ_MAX_K, block = sliced ? CQ_TB : 1;
+    for (int64_t tb = 0; tb < tiles; tb += block) {
+        int64_t te = tb + block < tiles ? tb + block : tiles;
+        for (int64_t k0 = 0, k1; k0 < k; k0 = k1) {
+            k1 = !sliced || k - k0 < CQ_KC + CQ_KC / 2 ? k : k0 + CQ_KC;
+            for (int64_t t = tb; t < te; t++) {
+                int64_t r = t / per_row, u = t % per_row;
+                int64_t i0 = u * base + (u < extra ? u : extra), R = base + (u < extra);
+                if (k0 == 0) cq_fetch_next(nx.packed, nx.j0, nx.n, k, nx.part0 + t, nx.parts);
+                cq_asm[nx.fetch][R](xb + r * xr + i0 * s, off, s, pk, k, k0, k1, acc[t - tb]);
+            }
+        }
+        for (int64_t t = tb; t < te; t++) {
+            int64_t r = t / per_row, u = t % per_row;
+            int64_t i0 = r * len + u * base + (u < extra ? u : extra), R = base + (u < extra);
+            for (int q = 0; q < 4; q++) {
+                __m512 bv = bias ? _mm512_loadu_ps(bias + q * P16) : _mm512_setzero_ps();
+                const float *rq = res ? res + (q * p + i0) * P16 : NULL;
+                float *yq = y + (q * p + i0) * P16;
+                for (int64_t i = 0; i < R; i++) {
+                    __m512 v = _mm512_add_ps(_mm512_load_ps(acc[t - tb] + (i * 4 + q) * P16),
+                                             bv);
+                    if (rq) v = _mm512_add_ps(v, _mm512_loadu_ps(rq + i * P16));
+                    if (relu) v = _mm512_max_ps(_mm512_setzero_ps(), v); /* NaN kept */
+                    _mm512_storeu_ps(yq + i * P16, v);
+                }
             }
         }
     }
 }
 
-
-/* units [u0, u1) of a blocked convolution with 64-channel groups (cq_tile): unit u is
- * output row u % oh of one sample and one group of 4 panels (sample major) */
+/* units [u0, u1) of a convolution with 64-channel groups (cq_run / cq_tile): unit u is a
+ * band of g->band output rows (the last may be shorter) of one sample and one group of 4
+ * panels (sample major) */
 __attribute__((target("arch=x86-64-v4"))) static void
 cq_rows(const cg_ctx *g, int64_t u0, int64_t u1)
 {
     int64_t n = g->n, k = g->k, p = g->oh * g->ow, quads = n / (4 * P16);
+    int64_t bands = (g->oh + g->band - 1) / g->band;
     for (int64_t u = u0; u < u1; u++) {
-        int64_t oy = u % g->oh, r = u / g->oh, smp = r / quads, j0 = r % quads * 4 * P16;
+        int64_t oy = u % bands * g->band, r = u / bands, smp = r / quads;
+        int64_t j0 = r % quads * 4 * P16;
         const float *pk = g->packed + j0 * k, *bj = g->bias ? g->bias + j0 : NULL;
         const float *xrow = g->x + smp * g->sample + oy * g->sh * g->row;
         int64_t o = (smp * n + j0) * p + oy * g->ow * P16; /* res: the row's start */
         int64_t yo = smp * g->ystride + j0 * p + oy * g->ow * P16;
         int64_t row_tiles = (g->ow + CQ_R - 1) / CQ_R;
         if (g->blocked) { /* the reduction in whole 16-step blocks: cq_asm_R */
+            int64_t rows = g->oh - oy < g->band ? g->oh - oy : g->band;
             cq_next nx = {g->packed, j0, n, oy * row_tiles, g->oh * row_tiles, g->fetch};
-            cq_run(xrow, g->sw * g->xstep, g->ow, g->off, pk, k, bj,
+            cq_run(xrow, g->sw * g->xstep, g->ow, rows, g->sh * g->row, g->off, pk, k, bj,
                    g->res ? g->res + o : NULL, g->relu, g->y + yo, p, nx);
             continue;
         }
@@ -935,8 +982,12 @@ static int cg_run(const float *x, const float *packed, const float *bias, const 
             for (int64_t ky = 0; ky < kh; ky++)
                 for (int64_t kx = 0; kx < kw; kx++)
                     off[kk++] = ci * plane + ky * dh * PW + kx * dw;
-    /* blocked with whole 64-channel groups: cq_tile, a unit one group's output row */
-    int quad = (layout & CG_YB) && m % (4 * P16) == 0 && k <= CQ_MAX_K;
+    /* whole 64-channel groups of blocked Y: the 6 x 64 tile, a unit one group's output
+     * row, or for blocked X with k > CQ_MAX_K (cq_run's reductions in slices over blocks
+     * of CQ_TB tiles) a band of rows of up to CQ_TB tiles */
+    int quad = (layout & CG_YB) && m % (4 * P16) == 0 && (blocked || k <= CQ_MAX_K);
+    int64_t row_tiles = (ow + CQ_R - 1) / CQ_R;
+    int64_t band = blocked && k > CQ_MAX_K && row_tiles < CQ_TB ? CQ_TB / row_tiles : 1;
     if ((layout & CG_YB) && !blocked && !quad) {
         ort_scratch_free(off);
         ort_scratch_free(xp);
@@ -945,7 +996,7 @@ static int cg_run(const float *x, const float *packed, const float *bias, const 
                         CQ_MAX_K, (long long)m, (long long)k);
     }
     int64_t pairs = ((m + P16 - 1) / P16 + 1) / 2;
-    int64_t units = nb * (quad ? m / (4 * P16) : pairs) * oh;
+    int64_t units = nb * (quad ? m / (4 * P16) * ((oh + band - 1) / band) : pairs * oh);
     int t = nthreads < 1 ? 1 : nthreads;
     if (2.0 * (double)nb * (double)m * (double)k * (double)(oh * ow) < 1e6 || units < 2 * t ||
         omp_in_parallel())
@@ -953,7 +1004,7 @@ static int cg_run(const float *x, const float *packed, const float *bias, const 
     int64_t next = 0; /* the next unclaimed unit */
     cg_ctx g = {nb, m, k, oh, ow, sh, sw, c * plane, PW * cb, 2 * P16 * k > c * plane,
                 copy ? xp : x, off, packed, bias, res, y, ystride, relu, blocked, cb,
-                !(layout & CG_NO_FETCH)};
+                !(layout & CG_NO_FETCH), band};
 #pragma omp parallel num_threads(t) if (t > 1)
     {
         int id = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -1058,8 +1109,8 @@ cq_units(int64_t u0, int64_t u1, int64_t quads, int64_t chunks, int64_t pc, int6
         float *yb = y + smp * ystride + j0 * p;
         int64_t tiles = (pc + CQ_R - 1) / CQ_R; /* a whole chunk's */
         cq_next nx = {packed, j0, n, uc % chunks * tiles, chunks * tiles, fetch};
-        cq_run(xs + i0 * P16, P16, i1 - i0, off, pk, k, bj, rb ? rb + i0 * P16 : NULL, relu,
-               yb + i0 * P16, p, nx);
+        cq_run(xs + i0 * P16, P16, i1 - i0, 1, 0, off, pk, k, bj, rb ? rb + i0 * P16 : NULL,
+               relu, yb + i0 * P16, p, nx);
     }
 }
 
@@ -1081,7 +1132,7 @@ static int c1_run(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
                         "sample's %lld elements", (long long)ystride, (long long)(n * p));
     if (nb == 0 || n == 0 || p == 0) return ORTCPU_OK;
     /* blocked with whole 64-channel groups: cq_tile, a unit one group's chunk */
-    int quad = blocked && n % (4 * P16) == 0 && k <= CQ_MAX_K;
+    int quad = blocked && n % (4 * P16) == 0; /* cq_run slices any reduction */
     int64_t pairs = ((n + P16 - 1) / P16 + 1) / 2;
     int64_t units = nb * (quad ? n / (4 * P16) : pairs);
     int t = nthreads < 1 ? 1 : nthreads;
