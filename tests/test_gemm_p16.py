@@ -344,9 +344,9 @@ def test_conv1x1_nchw16c_matches_float64(threads, nb, k, n, hw, nofetch):
     """The channel-blocked 1x1 ([N][C/16][P][16] in and out): the 6 x 64 tile where the
     output channels are a multiple of 64 (partial tiles of 1-5 positions, several
     groups of 4 panels; k = 2320 in slices over blocks of tiles), else the 8 x 32 one (one
-    panel, odd panel counts, a reduction in slices at k = 320); a 1x1 map, position chunks split over threads; bias, residual
-    (blocked too) and ReLU; the 6 x 64 tile fetching its weight rows ahead or not
-    (ORTCPU_CONV16C_NO_FETCH)."""
+    panel, odd panel counts, a reduction in slices at k = 320); a 1x1 map, position
+    chunks split over threads; bias, residual (blocked too) and ReLU; the 6 x 64 tile
+    fetching its weight rows ahead or not (ORTCPU_CONV16C_NO_FETCH)."""
     from ortcpu_torch._native import ptr
 
     g = torch.Generator().manual_seed(10)
