@@ -192,6 +192,39 @@ def test_op_opcheck_values_gradcheck(name, op, make, ref):
     assert torch.autograd.gradcheck(fn, tuple(args[i] for i in diff))
 
 
+@pytest.mark.parametrize("groups", [1, 8])
+def test_conv_op_keeps_channels_last_on_both_sides(groups):
+    """``ortcpu::conv`` on a channels-last input (the depthwise one on its channels-last
+    kernel) lays Y and dX out channels-last as torch's convolution does, its fake kernel
+    and ATen's side alike (opcheck compares the fake's strides with the real ones), with
+    torch's values and gradients."""
+    from ortcpu_torch.ops import library as L
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 8, 9, 7, dtype=D, generator=g).to(memory_format=torch.channels_last)
+    x.requires_grad_()
+    w = torch.randn(8, 8 // groups, 3, 3, dtype=D, generator=g, requires_grad=True)
+    b = torch.randn(8, dtype=D, generator=g, requires_grad=True)
+    args = (x, w, b, [1, 2], [1, 1], [1, 1], groups)
+    assert set(opcheck(O.conv, args).values()) == {"SUCCESS"}
+    xr, wr, br = (t.detach().clone().requires_grad_() for t in (x, w, b))
+    y, yr = O.conv(*args), F.conv2d(xr, wr, br, [1, 2], 1, 1, groups)
+    assert y.is_contiguous(memory_format=torch.channels_last) and not y.is_contiguous()
+    torch.testing.assert_close(y, yr)
+    dy = torch.randn(yr.shape, dtype=D, generator=g)
+    y.backward(dy)
+    yr.backward(dy)
+    assert x.grad.is_contiguous(memory_format=torch.channels_last)
+    for a, r in ((x, xr), (w, wr), (b, br)):
+        torch.testing.assert_close(a.grad, r.grad)
+    # ATen's side (``pick`` chooses it where it measures faster): the same layouts
+    yt = L._conv_torch(*(t.detach() for t in (x, w, b)), [1, 2], [1, 1], [1, 1], groups)
+    assert yt.stride() == y.stride()
+    dxt, dwt, _ = L._conv_bwd_torch(dy, x.detach(), w.detach(), [1, 2], [1, 1], [1, 1],
+                                    groups, [True, True, True])
+    assert dxt.stride() == x.grad.stride() and dwt.is_contiguous()
+
+
 def test_linear_checks_each_weight_layout_apart():
     """``linear`` with an [in, out] weight (``weight_t``, addmm's) and the same shapes
     with an [out, in] one share the eager checks' cache but not its entries: shapes valid
@@ -314,6 +347,44 @@ def _train_side_by_side(kind, model, steps, backend, **wrap_args):
     for (n, b), c in zip(model.named_buffers(), ref.buffers(), strict=True):
         torch.testing.assert_close(b, c, rtol=1e-5, atol=1e-6, msg=n)
     return cm, ref
+
+
+class DepthwiseCL(nn.Module):
+    """ConvNeXt-style (Hugging Face's): a depthwise 7x7 on a channels-last view, LayerNorm
+    over channels, pointwise Linear, back to NCHW by a permute."""
+
+    def __init__(self, c=16):
+        super().__init__()
+        self.dw, self.ln = nn.Conv2d(c, c, 7, padding=3, groups=c), nn.LayerNorm(c)
+        self.pw, self.head = nn.Linear(c, c), nn.Linear(c, 5)
+
+    def forward(self, x, y):
+        h = self.pw(self.ln(self.dw(x).permute(0, 2, 3, 1))).permute(0, 3, 1, 2)
+        h = self.dw(h) + h  # a channels-last input to the depthwise conv
+        return F.cross_entropy(self.head(h.mean((2, 3))), y)
+
+
+def test_compiled_channels_last_depthwise_runs_ours_without_layout_copies():
+    """The compiled graph's ``ortcpu::conv`` keeps a channels-last input's layout (its
+    fake kernel says so, so Inductor plans no copies around it) and trains like torch."""
+    torch.manual_seed(0)
+    model, rec = DepthwiseCL(), GraphRecorder()
+    ref = copy.deepcopy(model)
+    wrap(model, fallback="silent", select="ours", compile_kernels="ours")
+    cm = torch.compile(model, backend=rec)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    opt_r = torch.optim.SGD(ref.parameters(), lr=0.05)
+    for _ in range(3):
+        x, y = torch.randn(4, 16, 9, 9), torch.randint(0, 5, (4,))
+        for m, o in ((cm, opt), (ref, opt_r)):
+            o.zero_grad()
+            m(x, y).backward()
+            o.step()
+    for (n, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=n)
+    assert rec.frames == 1
+    assert "conv" in {t.split(".")[1] for t in rec.forward if t.startswith("ortcpu.")}
+    assert "conv_backward" in {t.split(".")[1] for t in rec.backward if t.startswith("ortcpu.")}
 
 
 @pytest.mark.parametrize("kind", ["mlp", "cnn"])
@@ -525,8 +596,8 @@ def test_picking_ops_give_torchs_values_on_either_side(side, monkeypatch):
 def test_conv_of_a_channels_last_input_keeps_its_fake_layout_under_inductor(side,
                                                                             monkeypatch):
     """A permuted (channels-last strided) input, as ConvNeXt-style code passes: ATen's
-    convolution keeps that layout in its outputs, the fake kernel says NCHW, and
-    Inductor asserts the strides, so either side returns NCHW-contiguous tensors."""
+    convolution keeps that layout in its outputs, so the fake kernel says channels-last
+    and either side returns exactly that (Inductor asserts the strides)."""
     L = ortcpu_torch.ops.library
     monkeypatch.setattr(L, "_side", lambda key, ours, torch_: side)
 

@@ -31,30 +31,65 @@ def _tuple(name: str, v, n: int, minimum: int) -> list[int]:
 _NHWC = (0, 2, 3, 1)
 
 
+def _on_nhwc(plan: K.ConvPlan, x) -> bool:
+    """The plan has the channels-last depthwise kernel and x's memory is NHWC."""
+    return plan.nhwc is not None and x.dim() == 4 and x.permute(_NHWC).is_contiguous()
+
+
+def _taps(w):
+    """A depthwise weight [C, 1, KH, KW] tap-major, [KH*KW, C], as the NHWC kernel takes it."""
+    return w.reshape(w.shape[0], -1).t().contiguous()
+
+
+def _nhwc_forward(plan, x, wt, b):
+    y = K.dw_nhwc_forward(plan, x.permute(_NHWC), wt, None if b is None else b.contiguous())
+    return from_order(y, _NHWC)
+
+
+def _nhwc_backward(plan, dy, x, wt, w_shape, need):
+    dx, dwt, db = K.dw_nhwc_backward(plan, in_order(dy, _NHWC), x.permute(_NHWC), wt, need)
+    return (None if dx is None else from_order(dx, _NHWC),
+            None if dwt is None else dwt.t().reshape(w_shape), db)
+
+
+def _dense(t):
+    return t if t is None or t.is_contiguous() else t.contiguous()
+
+
+def conv_forward(plan: K.ConvPlan, x, w, b):
+    """Y of a checked plan, laid out as torch's convolution lays it out for x and w
+    (channels-last where either is); on x's own memory where it is NHWC and the plan has
+    the depthwise channels-last kernel. What ``ortcpu::conv`` runs."""
+    if _on_nhwc(plan, x):
+        return _nhwc_forward(plan, x, _taps(w), b)
+    return to_format(K.conv_forward_plan(plan, _dense(x), _dense(w), _dense(b)),
+                     channels_last(x, w))
+
+
+def conv_backward(plan: K.ConvPlan, dy, x, w, need):
+    """(dX, dW, dB) of ``conv_forward`` (None where ``need`` says no), dX laid out as x's
+    channels-last layout where torch's would be."""
+    if _on_nhwc(plan, x):
+        return _nhwc_backward(plan, dy, x, _taps(w), w.shape, need)
+    dx, dw, db = K.conv_backward_plan(plan, dy.contiguous(), _dense(x), _dense(w), need)
+    return to_format(dx, channels_last(x, w)), dw, db
+
+
 class _Conv(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, b, plan: K.ConvPlan):
         # shapes, dtypes and attributes checked for this signature (the plan)
-        ctx.nhwc = plan.nhwc is not None and x.dim() == 4 and x.permute(_NHWC).is_contiguous()
-        if ctx.nhwc:  # depthwise on x's own channels-last memory: no layout copies
-            c = x.shape[1]
-            wt = w.reshape(c, -1).t().contiguous()  # tap-major [KH*KW, C]
-            y = K.dw_nhwc_forward(plan, x.permute(_NHWC), wt,
-                                  None if b is None else b.contiguous())
-            ctx.save_for_backward(x, wt)
-            ctx.plan, ctx.has_bias, ctx.w_shape = plan, b is not None, w.shape
-            return from_order(y, _NHWC)
-        ctx.fmt = fmt = channels_last(x, w)
-        if not x.is_contiguous():
-            x = x.contiguous()
-        if not w.is_contiguous():
-            w = w.contiguous()
-        if b is not None and not b.is_contiguous():
-            b = b.contiguous()
-        y = K.conv_forward_plan(plan, x, w, b)
-        ctx.save_for_backward(x, w)
         ctx.plan, ctx.has_bias = plan, b is not None
-        return to_format(y, fmt)
+        ctx.nhwc = _on_nhwc(plan, x)
+        if ctx.nhwc:  # depthwise on x's own channels-last memory: no layout copies
+            wt = _taps(w)
+            ctx.save_for_backward(x, wt)
+            ctx.w_shape = w.shape
+            return _nhwc_forward(plan, x, wt, b)
+        ctx.fmt = fmt = channels_last(x, w)
+        x, w = _dense(x), _dense(w)
+        ctx.save_for_backward(x, w)  # (the dense copies: backward needs them too)
+        return to_format(K.conv_forward_plan(plan, x, w, _dense(b)), fmt)
 
     @staticmethod
     @once_differentiable
@@ -63,10 +98,7 @@ class _Conv(torch.autograd.Function):
         n = ctx.needs_input_grad
         need = (n[0], n[1], ctx.has_bias and n[2])
         if ctx.nhwc:
-            dx, dwt, db = K.dw_nhwc_backward(ctx.plan, in_order(dy, _NHWC), x.permute(_NHWC),
-                                             w, need)
-            dw = None if dwt is None else dwt.t().reshape(ctx.w_shape)
-            return (None if dx is None else from_order(dx, _NHWC)), dw, db, None
+            return (*_nhwc_backward(ctx.plan, dy, x, w, ctx.w_shape, need), None)
         dx, dw, db = K.conv_backward_plan(ctx.plan, dy.contiguous(), x, w, need)
         return to_format(dx, ctx.fmt), dw, db, None
 

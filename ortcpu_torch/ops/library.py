@@ -50,12 +50,13 @@ from .._native import KernelError
 from .._native.arena import empty, reshaped
 from ..kernels import activations as KA
 from ..kernels import batchnorm as KB
-from ..kernels import conv as KC
 from ..kernels import gemm as KG
 from ..kernels import loss as KL
 from ..kernels import pool as KP
 from ..kernels import tensor as KT
 from ..kernels._checks import checked_signature, float_check
+from . import conv as OC
+from ._layout import channels_last
 from .batchnorm import update_running
 from .conv import plan_of
 from .linear import _LINEAR_CHECKED, _check_linear
@@ -770,19 +771,22 @@ def _conv_plan(x, weight, bias, stride, padding, dilation, groups):
 
 
 def _conv_ours(x, weight, bias, stride, padding, dilation, groups):
-    x, weight = x.contiguous(), weight.contiguous()
-    bias = None if bias is None else bias.contiguous()
     plan = _conv_plan(x, weight, bias, stride, padding, dilation, groups)
-    return KC.conv_forward_plan(plan, x, weight, bias)
+    return OC.conv_forward(plan, x, weight, bias)
+
+
+def _conv_format(x, weight):
+    """The memory format of conv's Y and dX, the fake kernel's and both sides' alike:
+    channels-last as torch's convolution decides it (``ops._layout.channels_last``), else
+    contiguous."""
+    return channels_last(x, weight) or torch.contiguous_format
 
 
 def _conv_torch(x, weight, bias, stride, padding, dilation, groups):
-    # contiguous operands, as ours takes them: ATen would keep a channels-last input's
-    # layout in its output, and the fake kernel (which cannot know the pick) says NCHW
     with _no_torch_function():
-        return torch.ops.aten.convolution.default(
-            x.contiguous(), weight.contiguous(), bias, stride, padding, dilation, False,
-            [0] * len(stride), groups)
+        y = torch.ops.aten.convolution.default(x, weight, bias, stride, padding, dilation,
+                                               False, [0] * len(stride), groups)
+    return y.contiguous(memory_format=_conv_format(x, weight))  # (as the fake says)
 
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
@@ -793,7 +797,7 @@ def _(x, weight, bias, stride, padding, dilation, groups, pick=False):
     TRACED[f"conv{x.dim() - 2}d"] += 1
     # torch's own shape function (its meta kernel), so the shapes agree by construction
     y = _CONV[x.dim() - 2](x, weight, bias, stride, padding, dilation, groups)
-    return y.new_empty(y.shape)
+    return torch.empty(y.shape, dtype=y.dtype, memory_format=_conv_format(x, weight))
 
 
 @_op("conv_backward")
@@ -814,28 +818,30 @@ def conv_backward(dy: Tensor, x: Tensor, weight: Tensor, stride: Sequence[int],
 
 def _conv_bwd_torch(dy, x, weight, stride, padding, dilation, groups, mask):
     with _no_torch_function():
-        g = torch.ops.aten.convolution_backward.default(  # contiguous: see _conv_torch
-            dy.contiguous(), x.contiguous(), weight.contiguous(),
-            [weight.shape[0]] if mask[2] else None, stride, padding, dilation, False,
-            [0] * len(stride), groups, [bool(m) for m in mask])
-    return tuple(_nothing(x) if t is None else t for t in g)
+        dx, dw, db = torch.ops.aten.convolution_backward.default(
+            dy, x, weight, [weight.shape[0]] if mask[2] else None, stride, padding,
+            dilation, False, [0] * len(stride), groups, [bool(m) for m in mask])
+    # laid out as the fake says: dX as Y, dW and dB contiguous
+    return (_nothing(x) if dx is None else dx.contiguous(memory_format=_conv_format(x, weight)),
+            _nothing(x) if dw is None else dw.contiguous(),
+            _nothing(x) if db is None else db)
 
 
 def _conv_bwd_ours(dy, x, weight, stride, padding, dilation, groups, mask):
     need = tuple(bool(m) for m in mask)
-    x, weight = x.contiguous(), weight.contiguous()
     plan = _conv_plan(x, weight, None, stride, padding, dilation, groups)
     if tuple(dy.shape) != plan.out_shape or dy.dtype != x.dtype:
         raise ValueError(f"conv_backward: dy must be {x.dtype} of the output shape "
                          f"{plan.out_shape}, got {dy.dtype} {tuple(dy.shape)}")
-    dx, dw, db = KC.conv_backward_plan(plan, dy.contiguous(), x, weight, need)
+    dx, dw, db = OC.conv_backward(plan, dy, x, weight, need)
     return (_nothing(x) if dx is None else dx, _nothing(x) if dw is None else dw,
             _nothing(x) if db is None else db)
 
 
 @register_fake(_qualified("conv_backward"))
 def _(dy, x, weight, stride, padding, dilation, groups, mask, pick=False):
-    return (x.new_empty(x.shape) if mask[0] else _nothing(x),
+    return (torch.empty(x.shape, dtype=x.dtype, memory_format=_conv_format(x, weight))
+            if mask[0] else _nothing(x),
             x.new_empty(weight.shape) if mask[1] else _nothing(x),
             x.new_empty((weight.shape[0],)) if mask[2] else _nothing(x))
 
