@@ -223,6 +223,9 @@ def test_conv_op_keeps_channels_last_on_both_sides(groups):
     dxt, dwt, _ = L._conv_bwd_torch(dy, x.detach(), w.detach(), [1, 2], [1, 1], [1, 1],
                                     groups, [True, True, True])
     assert dxt.stride() == x.grad.stride() and dwt.is_contiguous()
+    _, dw, _ = O.conv_backward(dy, x.detach(), w.detach(), [1, 2], [1, 1], [1, 1], groups,
+                               [True, True, True])
+    assert dw.is_contiguous()  # as the fake says (the depthwise kernel's is tap-major)
 
 
 def test_linear_checks_each_weight_layout_apart():

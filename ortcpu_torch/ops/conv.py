@@ -49,7 +49,7 @@ def _nhwc_forward(plan, x, wt, b):
 def _nhwc_backward(plan, dy, x, wt, w_shape, need):
     dx, dwt, db = K.dw_nhwc_backward(plan, in_order(dy, _NHWC), x.permute(_NHWC), wt, need)
     return (None if dx is None else from_order(dx, _NHWC),
-            None if dwt is None else dwt.t().reshape(w_shape), db)
+            None if dwt is None else dwt.t().contiguous().view(w_shape), db)
 
 
 def _dense(t):
