@@ -511,18 +511,14 @@ cq_tile(int R, const float *restrict xb, const int64_t *restrict off, int64_t s,
               "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23",       \
               "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29");                        \
     }
-CQ_ASM(1, cq_asm_1, CQ_FETCH)
-CQ_ASM(2, cq_asm_2, CQ_FETCH)
-CQ_ASM(3, cq_asm_3, CQ_FETCH)
-CQ_ASM(4, cq_asm_4, CQ_FETCH)
-CQ_ASM(5, cq_asm_5, CQ_FETCH)
-CQ_ASM(6, cq_asm_6, CQ_FETCH)
-CQ_ASM(1, cq_asm_1_nf, CQ_NO_FETCH)
-CQ_ASM(2, cq_asm_2_nf, CQ_NO_FETCH)
-CQ_ASM(3, cq_asm_3_nf, CQ_NO_FETCH)
-CQ_ASM(4, cq_asm_4_nf, CQ_NO_FETCH)
-CQ_ASM(5, cq_asm_5_nf, CQ_NO_FETCH)
-CQ_ASM(6, cq_asm_6_nf, CQ_NO_FETCH)
+/* cq_asm_R (fetching) and cq_asm_R_nf (CQ_NO_FETCH) */
+#define CQ_ASM_BOTH(R) CQ_ASM(R, cq_asm_##R, CQ_FETCH) CQ_ASM(R, cq_asm_##R##_nf, CQ_NO_FETCH)
+CQ_ASM_BOTH(1)
+CQ_ASM_BOTH(2)
+CQ_ASM_BOTH(3)
+CQ_ASM_BOTH(4)
+CQ_ASM_BOTH(5)
+CQ_ASM_BOTH(6)
 typedef void (*cq_asm_fn)(const float *, const int64_t *, int64_t, const float *, int64_t,
                           int64_t, int64_t, float *);
 /* [fetch][R] */
