@@ -2,9 +2,11 @@
 bottleneck blocks (1x1 C -> M, 3x3 M -> M, 1x1 M -> C + the block's input, ReLU after
 each), run on ``conv1x1_p16`` / ``conv_p16`` (NCHW, the graph executor's AVX-512 "gemm"
 candidate) and on ``conv1x1_nchw16c`` / ``conv_nchw16c`` (the same tile on blocked
-tensors, whose rows leave as whole zmm rows), alternating chain by chain; each layer
-reads the previous one's output, as in a graph. Medians of ``--rounds``, GFLOP/s in
-brackets. AVX-512 builds only.
+tensors, whose rows leave as whole zmm rows), the blocked kernels also with
+``ORTCPU_CONV16C_NO_FETCH`` (weight rows left to the hardware prefetchers: the graph
+executor measures both per geometry), the three sides in rotating order chain by chain;
+each layer reads the previous one's output, as in a graph. Medians of ``--rounds``,
+GFLOP/s in brackets. AVX-512 builds only.
 
 This measures the layout, not the executor: what the blocked path between Convs
 (onnxruntime's NCHWc; the executor's blocked regions, ``graph/blocked_layout.py``) wins on
@@ -73,19 +75,24 @@ def conv_nchw(x, layer, r=None):
     return y
 
 
-def conv_blocked(x, layer, r=None):
+def conv_blocked(x, layer, r=None, flags=1):
+    """The blocked layer with ReLU; ``flags`` as the native entry points take them."""
     nb, kb, p, _ = x.shape
     y = torch.empty(nb, layer.m // 16, p, 16)
     if layer.k == 1:
         st = lib.ortcpu_conv1x1_nchw16c(nb, layer.m, kb * 16, p, ptr(x),
-                                        ptr(layer.blocked.data), ptr(layer.b), ptr(r), 1,
+                                        ptr(layer.blocked.data), ptr(layer.b), ptr(r), flags,
                                         ptr(y), 0, get_num_threads())
     else:
         layer.geom[0] = nb
         st = lib.ortcpu_conv_nchw16c(ptr(x), ptr(layer.blocked.data), ptr(layer.b), ptr(r),
-                                     1, ptr(y), 0, layer.geom, get_num_threads())
+                                     flags, ptr(y), 0, layer.geom, get_num_threads())
     check_status(st, "conv (NCHW16c)")
     return y
+
+
+def conv_blocked_nofetch(x, layer, r=None):
+    return conv_blocked(x, layer, r, 1 | lib.ORTCPU_CONV16C_NO_FETCH)
 
 
 def bottlenecks(c: int, m: int, hw: int, blocks: int = 3, seed: int = 0) -> list:
@@ -108,38 +115,47 @@ def measure(batch: int, c: int, m: int, hw: int, rounds: int) -> dict:
     blocks = bottlenecks(c, m, hw)
     x = torch.randn(batch, c, hw, hw)
     xb = to_blocked(x)
-    same = torch.allclose(from_blocked(run_chain(conv_blocked, blocks, xb), hw, hw),
-                          run_chain(conv_nchw, blocks, x), rtol=1e-4, atol=1e-4)
-    times = {"nchw": [], "nchw16c": []}
-    sides = [("nchw", conv_nchw, x), ("nchw16c", conv_blocked, xb)]
-    for r in range(rounds):
-        for name, conv, inp in (sides if r % 2 else sides[::-1]):
+    yb = run_chain(conv_blocked, blocks, xb)
+    same = torch.allclose(from_blocked(yb, hw, hw), run_chain(conv_nchw, blocks, x),
+                          rtol=1e-4, atol=1e-4) and \
+        torch.equal(yb, run_chain(conv_blocked_nofetch, blocks, xb))
+    sides = [("nchw", conv_nchw, x), ("nchw16c", conv_blocked, xb),
+             ("nchw16c_nofetch", conv_blocked_nofetch, xb)]
+    times = {name: [] for name, _, _ in sides}
+    for r in range(rounds):  # rotating: no side runs twice in a row across rounds
+        for name, conv, inp in sides[r % 3:] + sides[:r % 3]:
             t0 = time.perf_counter()
             run_chain(conv, blocks, inp)
             times[name].append(time.perf_counter() - t0)
     flops = 3 * 2 * batch * hw * hw * (2 * c * m + 9 * m * m)
     med = {k: statistics.median(v) for k, v in times.items()}
-    return {"batch": batch, "C": c, "M": m, "hw": hw, "same_results": same,
-            "nchw_ms": med["nchw"] * 1e3, "nchw16c_ms": med["nchw16c"] * 1e3,
-            "nchw_gflops": flops / med["nchw"] / 1e9,
-            "nchw16c_gflops": flops / med["nchw16c"] / 1e9,
-            "ratio": med["nchw"] / med["nchw16c"]}
+    row = {"batch": batch, "C": c, "M": m, "hw": hw, "same_results": same,
+           "ratio": med["nchw"] / med["nchw16c"],
+           "fetch_ratio": med["nchw16c"] / med["nchw16c_nofetch"]}
+    for k, v in med.items():
+        row[f"{k}_ms"], row[f"{k}_gflops"] = v * 1e3, flops / v / 1e9
+    return row
 
 
 def markdown(info: dict, rows: list, load: dict) -> str:
     lines = [f"Bottleneck chains (3 blocks: 1x1 C -> M, 3x3 M -> M, 1x1 M -> C + input, "
              f"ReLU), NCHW (`conv1x1_p16`, `conv_p16`) vs channel-blocked NCHW16c "
-             f"(`conv1x1_nchw16c`, `conv_nchw16c`), "
-             f"{info['threads']} threads, wall time, medians of alternating rounds; other "
-             f"processes used {load['foreign_share']:.0%} of the CPU.", "", isa_line(), "",
+             f"(`conv1x1_nchw16c`, `conv_nchw16c`; fetching weight rows ahead, and with "
+             f"`ORTCPU_CONV16C_NO_FETCH`), "
+             f"{info['threads']} threads, wall time, medians of rounds in rotating order; "
+             f"other processes used {load['foreign_share']:.0%} of the CPU.", "",
+             isa_line(), "",
              "| batch | C -> M | map | NCHW ms (GFLOP/s) | NCHW16c ms (GFLOP/s) | "
-             "ratio NCHW / NCHW16c | same results |",
-             "|---:|---|---|---:|---:|---:|---|"]
+             "NCHW16c no-fetch ms (GFLOP/s) | ratio NCHW / NCHW16c | ratio fetch ms / "
+             "no-fetch ms | same results |",
+             "|---:|---|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         lines.append(f"| {r['batch']} | {r['C']} -> {r['M']} | {r['hw']}x{r['hw']} | "
                      f"{r['nchw_ms']:.3f} ({r['nchw_gflops']:.0f}) | "
                      f"{r['nchw16c_ms']:.3f} ({r['nchw16c_gflops']:.0f}) | "
-                     f"{r['ratio']:.2f}x | {'yes' if r['same_results'] else 'NO'} |")
+                     f"{r['nchw16c_nofetch_ms']:.3f} ({r['nchw16c_nofetch_gflops']:.0f}) | "
+                     f"{r['ratio']:.2f}x | {r['fetch_ratio']:.2f}x | "
+                     f"{'yes' if r['same_results'] else 'NO'} |")
     return "\n".join(lines) + "\n"
 
 

@@ -339,14 +339,15 @@ def _blocked(x):
                                        (3, 64, 96, (1, 1)), (1, 320, 32, (9, 11)),
                                        (2, 48, 64, (23, 23)), (1, 320, 128, (9, 11)),
                                        (3, 16, 192, (5, 5)), (1, 2320, 64, (5, 7))])
-@pytest.mark.parametrize("nofetch", [0, 2])
-def test_conv1x1_nchw16c_matches_float64(threads, nb, k, n, hw, nofetch):
+@pytest.mark.parametrize("options", [0, 2, 4, 6])  # NO_FETCH, SLICED
+def test_conv1x1_nchw16c_matches_float64(threads, nb, k, n, hw, options):
     """The channel-blocked 1x1 ([N][C/16][P][16] in and out): the 6 x 64 tile where the
     output channels are a multiple of 64 (partial tiles of 1-5 positions, several
     groups of 4 panels; k = 2320 in slices over blocks of tiles), else the 8 x 32 one (one
     panel, odd panel counts, a reduction in slices at k = 320); a 1x1 map, position
     chunks split over threads; bias, residual (blocked too) and ReLU; the 6 x 64 tile
-    fetching its weight rows ahead or not (ORTCPU_CONV16C_NO_FETCH)."""
+    fetching its weight rows ahead or not (ORTCPU_CONV16C_NO_FETCH), every reduction in
+    slices or not (ORTCPU_CONV16C_SLICED)."""
     from ortcpu_torch._native import ptr
 
     g = torch.Generator().manual_seed(10)
@@ -362,7 +363,7 @@ def test_conv1x1_nchw16c_matches_float64(threads, nb, k, n, hw, nofetch):
         ref = ref.relu() if relu else ref
         y = torch.full((nb, n // 16, hw[0] * hw[1], 16), float("nan"))
         assert lib.ortcpu_conv1x1_nchw16c(nb, n, k, hw[0] * hw[1], ptr(xb), ptr(pw.data),
-                                          ptr(bias), ptr(res), relu | nofetch, ptr(y), 0,
+                                          ptr(bias), ptr(res), relu | options, ptr(y), 0,
                                           threads) == 0
         assert_close(y, _blocked(ref.float()), rtol=1e-5, atol=1e-5 * k ** 0.5,
                      msg=f"{bias is None} {res is None} {relu}")
@@ -380,14 +381,14 @@ def test_conv1x1_nchw16c_matches_float64(threads, nb, k, n, hw, nofetch):
                                                 (1, 64, 64, 8, 8, 5, 1, 4, 2),
                                                 (2, 320, 64, 9, 7, 3, 1, 1, 1),
                                                 (1, 272, 128, 13, 14, 3, 2, 1, 1)])
-@pytest.mark.parametrize("nofetch", [0, 2])
-def test_conv_nchw16c_matches_float64(threads, nb, c, m, h, w, k, s, p, d, nofetch):
+@pytest.mark.parametrize("options", [0, 2, 4, 6])  # NO_FETCH, SLICED
+def test_conv_nchw16c_matches_float64(threads, nb, c, m, h, w, k, s, p, d, options):
     """The implicit-GEMM convolution on channel-blocked tensors (padded per 16-channel
     plane, the reduction in (block, tap, channel) order), on the 8 x 32 tile and, for
     output channels in groups of 64, the 6 x 64 one (rows of 1-5 leftover positions;
     reductions over 2304 steps in slices over bands of rows, the last band short):
     stride 1 and 2, a strided 1x1, dilated 5x5s, no padding; bias, blocked residual and
-    ReLU; weight rows fetched ahead or not."""
+    ReLU; weight rows fetched ahead or not, reductions in slices or not."""
     from ortcpu_torch._native import ffi, ptr
 
     g = torch.Generator().manual_seed(11)
@@ -401,7 +402,7 @@ def test_conv_nchw16c_matches_float64(threads, nb, c, m, h, w, k, s, p, d, nofet
     geom = ffi.new("int64_t[]", [nb, c, h, w, m, 1, k, k, oh, ow, s, s, p, p, d, d])
     y = torch.full((nb, m // 16, oh * ow, 16), float("nan"))
     xb, rb = _blocked(x), _blocked(r)  # held: ptr() keeps no reference
-    assert lib.ortcpu_conv_nchw16c(ptr(xb), ptr(pw.data), ptr(b), ptr(rb), 1 | nofetch,
+    assert lib.ortcpu_conv_nchw16c(ptr(xb), ptr(pw.data), ptr(b), ptr(rb), 1 | options,
                                    ptr(y), 0, geom, threads) == 0
     assert_close(y, _blocked(ref.float()), rtol=1e-5, atol=1e-5 * (c * k * k) ** 0.5)
     geom[1] = 24  # not whole channel blocks
@@ -414,8 +415,8 @@ def test_conv_nchw16c_matches_float64(threads, nb, c, m, h, w, k, s, p, d, nofet
 @pytest.mark.parametrize("nb,k,n,hw,s", [(1, 32, 64, (14, 14), 2), (2, 64, 48, (13, 11), 2),
                                          (3, 16, 128, (9, 10), (3, 2)),
                                          (1, 1024, 128, (7, 7), 2)])
-@pytest.mark.parametrize("nofetch", [0, 2])
-def test_conv1x1s_nchw16c_matches_float64(threads, nb, k, n, hw, s, nofetch):
+@pytest.mark.parametrize("options", [0, 2, 4, 6])  # NO_FETCH, SLICED
+def test_conv1x1s_nchw16c_matches_float64(threads, nb, k, n, hw, s, options):
     """The strided blocked 1x1 (X subsampled per 16-channel plane into a scratch copy):
     both tiles, odd maps, unequal strides; bias, blocked residual and ReLU, and a channel
     slice of a wider output (ystride)."""
@@ -434,7 +435,7 @@ def test_conv1x1s_nchw16c_matches_float64(threads, nb, k, n, hw, s, nofetch):
     wide = torch.full((nb, n // 16 + 2, p, 16), float("nan"))
     y = wide[:, 1:1 + n // 16]
     assert lib.ortcpu_conv1x1s_nchw16c(nb, n, k, *hw, sh, sw, ptr(xb), ptr(pw.data), ptr(b),
-                                       ptr(rb), 1 | nofetch, ptr(y), wide[0].numel(),
+                                       ptr(rb), 1 | options, ptr(y), wide[0].numel(),
                                        threads) == 0
     assert_close(y, _blocked(ref.float()), rtol=1e-5, atol=1e-5 * k ** 0.5)
     assert wide[:, 0].isnan().all() and wide[:, -1].isnan().all()
@@ -478,11 +479,12 @@ def test_conv_nchw_to16c_matches_float64(threads, nb, c, m, h, w, k, s, p):
 def test_blocked_convs_reject_unknown_flags():
     from ortcpu_torch._native import ffi, ptr
 
-    assert lib.ORTCPU_CONV16C_RELU == 1 and lib.ORTCPU_CONV16C_NO_FETCH == 2
+    assert (lib.ORTCPU_CONV16C_RELU, lib.ORTCPU_CONV16C_NO_FETCH,
+            lib.ORTCPU_CONV16C_SLICED) == (1, 2, 4)
     x, y = torch.zeros(1, 1, 4, 16), torch.full((1, 4, 4, 16), 7.0)
     pw = PackedWeight.pack(torch.zeros(64, 16), True)
     assert lib.ortcpu_conv1x1_nchw16c(1, 64, 16, 4, ptr(x), ptr(pw.data), ffi.NULL, ffi.NULL,
-                                      4, ptr(y), 0, 1) != 0
+                                      8, ptr(y), 0, 1) != 0
     assert "unknown flags" in ffi.string(lib.ortcpu_last_error()).decode()
     assert (y == 7).all()
     geom = ffi.new("int64_t[]", [1, 16, 2, 2, 64, 1, 1, 1, 2, 2, 1, 1, 0, 0, 1, 1])

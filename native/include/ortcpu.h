@@ -713,9 +713,11 @@ int ortcpu_conv1x1s_p16(int64_t nb, int64_t n, int64_t k, int64_t h, int64_t w, 
  * Convs on these kernels (graph/ops_blocked.py); benchmarks/nchw16c.py measures chains of
  * both layouts. Output channels in groups of 64 run a 6-position x 64-channel tile. flags (here and in conv1x1s_nchw16c, conv_nchw16c): ORTCPU_CONV16C_RELU
  * applies ReLU; ORTCPU_CONV16C_NO_FETCH leaves the 6 x 64 tile's weight rows to the
- * hardware prefetchers instead of fetching them ahead (which is faster depends on the CPU
- * and the shape: the graph executor measures both). */
-enum { ORTCPU_CONV16C_RELU = 1, ORTCPU_CONV16C_NO_FETCH = 2 };
+ * hardware prefetchers instead of fetching them ahead; ORTCPU_CONV16C_SLICED runs every
+ * reduction of the 6 x 64 tile in slices over blocks of tiles (without it only those
+ * over 2304 steps). Which is faster depends on the CPU and the shape: the graph executor
+ * measures them. */
+enum { ORTCPU_CONV16C_RELU = 1, ORTCPU_CONV16C_NO_FETCH = 2, ORTCPU_CONV16C_SLICED = 4 };
 int ortcpu_conv1x1_nchw16c(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
                            const float *packed, const float *bias, const float *res,
                            int flags, float *y, int64_t ystride, int nthreads);

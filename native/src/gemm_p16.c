@@ -764,6 +764,7 @@ typedef struct {
     int blocked; /* conv_nchw16c: X, Y and res channel-blocked, positions 16 floats apart */
     int64_t xstep; /* floats from one X position to the next (16 blocked, 1 NCHW) */
     int fetch;     /* cq_asm's tiles fetch their panels' rows ahead (no CG_NO_FETCH) */
+    int sliced;    /* cq_run slices every reduction (CG_SLICED) */
     int64_t band;  /* cq_rows: output rows per unit */
 } cg_ctx;
 
@@ -816,15 +817,17 @@ cg_units(const cg_ctx *g, int64_t u0, int64_t u1)
     }
 }
 
-/* where a run's tiles are among the parts of cq_fetch_next's fetch of the next group */
+/* how cq_run runs its tiles: where they are among the parts of cq_fetch_next's fetch of
+ * the next group, and its two measured options */
 typedef struct {
     const float *packed;
     int64_t j0, n, part0, parts;
-    int fetch; /* the tiles fetch their panels' rows ahead (cq_asm's FETCH) */
-} cq_next;
+    int fetch;  /* the tiles fetch their panels' rows ahead (cq_asm's FETCH) */
+    int sliced; /* every reduction in slices, not only those over CQ_MAX_K */
+} cq_how;
 
 #ifndef CQ_KC
-#define CQ_KC 144
+#define CQ_KC 64
 #endif
 #ifndef CQ_TB
 #define CQ_TB 8
@@ -832,21 +835,23 @@ typedef struct {
 /* rows x len positions on cq_asm_R: position (r, i) reads X at xb + r * xr + i * s and
  * writes Y (and res) at y + (r * len + i) * 16, channel blocks p * 16 floats apart; each
  * row in tiles of near-equal lengths (cq_len); k a multiple of 16. Reductions longer than
- * CQ_MAX_K (whose panels outgrow L2) run in slices of CQ_KC steps over blocks of CQ_TB
- * tiles, the slice of the 4 panels staying in L1 across the block while the tiles' sums
- * wait in acc (resnet50's 512 -> 512 3x3s, k = 4608, 7x7 out: 92 -> 105 GFLOPS on one
- * Ice Lake core, where the 8 x 32 tile ran them before; slicing shorter reductions
- * measured 1-4% slower). A tile's first slice fetches part part0 + (its index) of the next
- * group. */
+ * CQ_MAX_K (whose panels outgrow L2), or any with how.sliced, run in slices of CQ_KC
+ * steps over blocks of CQ_TB tiles, the slice of the 4 panels (16 KB) staying in L1
+ * across the block while the tiles' sums wait in acc (resnet50's 512 -> 512 3x3s,
+ * k = 4608, 7x7 out: 92 -> 118 GFLOPS on one Ice Lake core, where the 8 x 32 tile ran
+ * them; slices of 32, 48, 96, 144, 288 and 576 steps measured 3-15% slower than 64).
+ * Shorter reductions gain or lose 2-16% by slicing, by shape (the 7x7 2048 -> 512 1x1
+ * +16%, the 56x56 3x3 -2.5%): the graph executor measures both. A tile's first slice
+ * fetches part part0 + (its index) of the next group. */
 __attribute__((target("arch=x86-64-v4"))) static void
 cq_run(const float *xb, int64_t s, int64_t len, int64_t rows, int64_t xr, const int64_t *off,
        const float *pk, int64_t k, const float *bias, const float *res, int relu, float *y,
-       int64_t p, cq_next nx)
+       int64_t p, cq_how how)
 {
     float acc[CQ_TB][CQ_R * 4 * P16] __attribute__((aligned(64)));
     int64_t per_row = (len + CQ_R - 1) / CQ_R, tiles = rows * per_row;
     int64_t base = len / per_row, extra = len % per_row;
-    int sliced = k > CQ_MAX_K, block = sliced ? CQ_TB : 1;
+    int sliced = how.sliced || k > CQ_MAX_K, block = sliced ? CQ_TB : 1;
     for (int64_t tb = 0; tb < tiles; tb += block) {
         int64_t te = tb + block < tiles ? tb + block : tiles;
         for (int64_t k0 = 0, k1; k0 < k; k0 = k1) {
@@ -854,8 +859,9 @@ cq_run(const float *xb, int64_t s, int64_t len, int64_t rows, int64_t xr, const 
             for (int64_t t = tb; t < te; t++) {
                 int64_t r = t / per_row, u = t % per_row;
                 int64_t i0 = u * base + (u < extra ? u : extra), R = base + (u < extra);
-                if (k0 == 0) cq_fetch_next(nx.packed, nx.j0, nx.n, k, nx.part0 + t, nx.parts);
-                cq_asm[nx.fetch][R](xb + r * xr + i0 * s, off, s, pk, k, k0, k1, acc[t - tb]);
+                if (k0 == 0)
+                    cq_fetch_next(how.packed, how.j0, how.n, k, how.part0 + t, how.parts);
+                cq_asm[how.fetch][R](xb + r * xr + i0 * s, off, s, pk, k, k0, k1, acc[t - tb]);
             }
         }
         for (int64_t t = tb; t < te; t++) {
@@ -895,9 +901,10 @@ cq_rows(const cg_ctx *g, int64_t u0, int64_t u1)
         int64_t row_tiles = (g->ow + CQ_R - 1) / CQ_R;
         if (g->blocked) { /* the reduction in whole 16-step blocks: cq_asm_R */
             int64_t rows = g->oh - oy < g->band ? g->oh - oy : g->band;
-            cq_next nx = {g->packed, j0, n, oy * row_tiles, g->oh * row_tiles, g->fetch};
+            cq_how how = {g->packed, j0, n, oy * row_tiles, g->oh * row_tiles, g->fetch,
+                          g->sliced};
             cq_run(xrow, g->sw * g->xstep, g->ow, rows, g->sh * g->row, g->off, pk, k, bj,
-                   g->res ? g->res + o : NULL, g->relu, g->y + yo, p, nx);
+                   g->res ? g->res + o : NULL, g->relu, g->y + yo, p, how);
             continue;
         }
         /* X NCHW (conv_nchw_to16c's stem): any reduction order, on cq_tile */
@@ -926,15 +933,17 @@ cq_rows(const cg_ctx *g, int64_t u0, int64_t u1)
 #define CG_XB 1
 #define CG_YB 2
 #define CG_NO_FETCH 4 /* cq_asm without the panels' prefetches (ORTCPU_CONV16C_NO_FETCH) */
+#define CG_SLICED 8   /* cq_run's reductions all in slices (ORTCPU_CONV16C_SLICED) */
 
 /* the blocked entry points' flags: (ReLU, cg_run / c1_run layout bits), or -1 with the
  * error set */
 static int c16_flags(int flags, const char *fn, int *relu)
 {
-    if (flags & ~(ORTCPU_CONV16C_RELU | ORTCPU_CONV16C_NO_FETCH))
+    if (flags & ~(ORTCPU_CONV16C_RELU | ORTCPU_CONV16C_NO_FETCH | ORTCPU_CONV16C_SLICED))
         return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "%s: unknown flags 0x%x", fn, flags), -1;
     *relu = (flags & ORTCPU_CONV16C_RELU) != 0;
-    return CG_XB | CG_YB | (flags & ORTCPU_CONV16C_NO_FETCH ? CG_NO_FETCH : 0);
+    return CG_XB | CG_YB | (flags & ORTCPU_CONV16C_NO_FETCH ? CG_NO_FETCH : 0) |
+           (flags & ORTCPU_CONV16C_SLICED ? CG_SLICED : 0);
 }
 static int cg_run(const float *x, const float *packed, const float *bias, const float *res,
                   int relu, float *y, int64_t ystride, const int64_t *geom, int nthreads,
@@ -983,7 +992,8 @@ static int cg_run(const float *x, const float *packed, const float *bias, const 
      * of CQ_TB tiles) a band of rows of up to CQ_TB tiles */
     int quad = (layout & CG_YB) && m % (4 * P16) == 0 && (blocked || k <= CQ_MAX_K);
     int64_t row_tiles = (ow + CQ_R - 1) / CQ_R;
-    int64_t band = blocked && k > CQ_MAX_K && row_tiles < CQ_TB ? CQ_TB / row_tiles : 1;
+    int sliced = blocked && (k > CQ_MAX_K || (layout & CG_SLICED));
+    int64_t band = sliced && row_tiles < CQ_TB ? CQ_TB / row_tiles : 1;
     if ((layout & CG_YB) && !blocked && !quad) {
         ort_scratch_free(off);
         ort_scratch_free(xp);
@@ -1000,7 +1010,7 @@ static int cg_run(const float *x, const float *packed, const float *bias, const 
     int64_t next = 0; /* the next unclaimed unit */
     cg_ctx g = {nb, m, k, oh, ow, sh, sw, c * plane, PW * cb, 2 * P16 * k > c * plane,
                 copy ? xp : x, off, packed, bias, res, y, ystride, relu, blocked, cb,
-                !(layout & CG_NO_FETCH), band};
+                !(layout & CG_NO_FETCH), sliced, band};
 #pragma omp parallel num_threads(t) if (t > 1)
     {
         int id = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -1094,7 +1104,7 @@ c1_subsample(const float *restrict src, const int64_t *sub, int64_t cb, float *r
 __attribute__((target("arch=x86-64-v4"))) static void
 cq_units(int64_t u0, int64_t u1, int64_t quads, int64_t chunks, int64_t pc, int64_t n,
          int64_t k, int64_t p, const float *x, const int64_t *off, const float *packed,
-         const float *bias, const float *res, int relu, float *y, int64_t ystride, int fetch)
+         const float *bias, const float *res, int relu, float *y, int64_t ystride, int layout)
 {
     for (int64_t uc = u0; uc < u1; uc++) {
         int64_t u = uc / chunks, i0 = uc % chunks * pc, i1 = i0 + pc < p ? i0 + pc : p;
@@ -1104,15 +1114,16 @@ cq_units(int64_t u0, int64_t u1, int64_t quads, int64_t chunks, int64_t pc, int6
         const float *bj = bias ? bias + j0 : NULL;
         float *yb = y + smp * ystride + j0 * p;
         int64_t tiles = (pc + CQ_R - 1) / CQ_R; /* a whole chunk's */
-        cq_next nx = {packed, j0, n, uc % chunks * tiles, chunks * tiles, fetch};
+        cq_how how = {packed, j0, n, uc % chunks * tiles, chunks * tiles,
+                      !(layout & CG_NO_FETCH), (layout & CG_SLICED) != 0};
         cq_run(xs + i0 * P16, P16, i1 - i0, 1, 0, off, pk, k, bj, rb ? rb + i0 * P16 : NULL,
-               relu, yb + i0 * P16, p, nx);
+               relu, yb + i0 * P16, p, how);
     }
 }
 
 /* conv1x1_p16 / conv1x1s_p16: sub NULL, or {H, W, stride h, stride w} of a strided 1x1
  * whose X is read subsampled (p = OH * OW); conv1x1_nchw16c: layout CG_XB (X and Y
- * blocked; n and k multiples of 16), with CG_NO_FETCH as cg_run's */
+ * blocked; n and k multiples of 16), with CG_NO_FETCH and CG_SLICED as cg_run's */
 static int c1_run(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
                   const int64_t *sub, int layout, const float *packed, const float *bias,
                   const float *res, int relu, float *y, int64_t ystride, int nthreads)
@@ -1179,7 +1190,7 @@ static int c1_run(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
         for (int64_t u0, u1; p16_claim(&next, grain, units, &u0, &u1);) {
             if (quad)
                 cq_units(u0, u1, n / (4 * P16), chunks, pc, n, k, p, xa ? xa : x, boff,
-                         packed, bias, res, relu, y, ystride, !(layout & CG_NO_FETCH));
+                         packed, bias, res, relu, y, ystride, layout);
             else
                 c1_units(u0, u1, nb, n, k, p, pc, xa ? xa : x, xrow, boff, packed, bias, res,
                          relu, y, ystride);

@@ -136,8 +136,9 @@ def _direct(xs, w, b, g16, relu, subsampled=False) -> dict:
     each ``f(x, out, r)`` -> out ([N, per sample] or Y's shape; its samples may lie a
     Concat buffer's sample apart). {"": f}, and for blocked X also "_nofetch": the same
     kernel leaving its weight rows to the hardware prefetchers (Intel Ice Lake, resnet50's
-    convolutions alone: 7-21% faster; which wins depends on the CPU, so both are
-    measured)."""
+    convolutions alone: 7-21% faster), and "_nofetch_sliced": that with every reduction
+    in slices over blocks of tiles (the 7x7 2048 -> 512 1x1: +16%, the 56x56 3x3: -2.5%).
+    Which wins depends on the CPU and the shape, so they are measured."""
     nchw_in = len(xs) == 4
     n, c, m = xs[0], xs[1] * (1 if nchw_in else BLOCK), w.shape[0]
     kh, kw, oh, ow, sh, sw, ph, pw = g16[6:14]
@@ -173,7 +174,9 @@ def _direct(xs, w, b, g16, relu, subsampled=False) -> dict:
     rl = lib.ORTCPU_CONV16C_RELU if relu else 0  # conv_nchw_to16c's relu: 0 / 1 alike
     if nchw_in:
         return {"": kernel(rl)}
-    return {"": kernel(rl), "_nofetch": kernel(rl | lib.ORTCPU_CONV16C_NO_FETCH)}
+    nofetch = rl | lib.ORTCPU_CONV16C_NO_FETCH
+    return {"": kernel(rl), "_nofetch": kernel(nofetch),
+            "_nofetch_sliced": kernel(nofetch | lib.ORTCPU_CONV16C_SLICED)}
 
 
 def _reordered(xs, ys, w, b, geom, relu):

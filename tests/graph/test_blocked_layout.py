@@ -162,7 +162,8 @@ def test_blocked_regions_match_torch_float64_and_the_nchw_plan(batch, h, w, widt
 
 
 @needs_blocked
-@pytest.mark.parametrize("choice", ["blocked", "blocked_nofetch", "reordered"])
+@pytest.mark.parametrize("choice", ["blocked", "blocked_nofetch", "blocked_nofetch_sliced",
+                                    "reordered"])
 @pytest.mark.parametrize("width", [32, 64])
 def test_both_conv16c_kernels_match_torch(choice, width):
     p = _params(3, width)
