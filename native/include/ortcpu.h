@@ -712,8 +712,8 @@ int ortcpu_conv1x1s_p16(int64_t nb, int64_t n, int64_t k, int64_t h, int64_t w, 
  * conv1x1_p16; ystride as conv1x1_p16's. The graph executor's blocked regions run their
  * Convs on these kernels (graph/ops_blocked.py); benchmarks/nchw16c.py measures chains of
  * both layouts. Output channels in groups of 64 run a 6-position x 64-channel tile. flags (here and in conv1x1s_nchw16c, conv_nchw16c): ORTCPU_CONV16C_RELU
- * applies ReLU; ORTCPU_CONV16C_NO_FETCH leaves the 6 x 64 tile's weight rows to the
- * hardware prefetchers instead of fetching them ahead; ORTCPU_CONV16C_SLICED runs every
+ * applies ReLU; ORTCPU_CONV16C_NO_FETCH leaves the weight rows to the hardware
+ * prefetchers instead of fetching them ahead (both tiles); ORTCPU_CONV16C_SLICED runs every
  * reduction of the 6 x 64 tile in slices over blocks of tiles (without it only those
  * over 2304 steps). Which is faster depends on the CPU and the shape: the graph executor
  * measures them. */

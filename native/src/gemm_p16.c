@@ -591,7 +591,8 @@ static inline int p16_claim(int64_t *next, int64_t grain, int64_t units, int64_t
  * tile reads 8 consecutive floats; conv1x1_p16's tiles pass no offsets (off NULL: step kk
  * reads X at kk * kstride). Stored through c1_store; or, ``blocked`` (conv1x1_nchw16c:
  * X, Y and the residual channel-blocked, a position's 16 channels of a block contiguous,
- * so sw = 16 and off[c] = c / 16 * p * 16 + c % 16), as whole rows of 16 channels. */
+ * so sw = 16 and off[c] = c / 16 * p * 16 + c % 16), as whole rows of 16 channels;
+ * ``blocked`` 2: the same without fetching the panels' rows ahead (CG_NO_FETCH). */
 __attribute__((target("arch=x86-64-v4"), always_inline)) static inline void
 cg_tile(int R, int unit_stride, int blocked, const float *restrict xb,
         const int64_t *restrict off,
@@ -606,8 +607,10 @@ cg_tile(int R, int unit_stride, int blocked, const float *restrict xb,
     }
     const int64_t s = unit_stride ? 1 : sw;
     for (int64_t kk = k0; kk < k1; kk++) {
-        _mm_prefetch((const char *)(pa + (kk + P16_AHEAD) * P16), _MM_HINT_T0);
-        if (pb) _mm_prefetch((const char *)(pb + (kk + P16_AHEAD) * P16), _MM_HINT_T0);
+        if (blocked != 2) {
+            _mm_prefetch((const char *)(pa + (kk + P16_AHEAD) * P16), _MM_HINT_T0);
+            if (pb) _mm_prefetch((const char *)(pb + (kk + P16_AHEAD) * P16), _MM_HINT_T0);
+        }
         __m512 b0 = _mm512_loadu_ps(pa + kk * P16);
         __m512 b1 = pb ? _mm512_loadu_ps(pb + kk * P16) : b0;
         const float *xr = xb + (off ? off[kk] : kk * kstride);
@@ -698,7 +701,7 @@ cq_fetch_next(const float *packed, int64_t j0, int64_t n, int64_t k, int64_t par
 __attribute__((target("arch=x86-64-v4"))) static void
 c1_units(int64_t u0, int64_t u1, int64_t nb, int64_t n, int64_t k, int64_t p, int64_t pc,
          const float *x, int64_t xrow, const int64_t *boff, const float *packed,
-         const float *bias, const float *res, int relu, float *y, int64_t ystride)
+         const float *bias, const float *res, int relu, float *y, int64_t ystride, int fetch)
 {
     const int64_t pm = boff ? P16 : 1; /* floats from one position to the next */
     int64_t panels = (n + P16 - 1) / P16, pairs = (panels + 1) / 2;
@@ -733,8 +736,11 @@ c1_units(int64_t u0, int64_t u1, int64_t nb, int64_t n, int64_t k, int64_t p, in
                                             ntiles);
 #define C1_CASE(r)                                                                          \
     case r:                                                                                 \
-        if (boff)                                                                           \
+        if (boff && fetch)                                                                  \
             cg_tile(r, 0, 1, xs + i * P16, boff, 0, P16, pa, pb, k0, k1, k, acc, bj, ri,    \
+                    relu, ys + i * P16, p, w0, w1);                                         \
+        else if (boff)                                                                      \
+            cg_tile(r, 0, 2, xs + i * P16, boff, 0, P16, pa, pb, k0, k1, k, acc, bj, ri,    \
                     relu, ys + i * P16, p, w0, w1);                                         \
         else                                                                                \
             cg_tile(r, 1, 0, xs + i, NULL, xrow, 1, pa, pb, k0, k1, k, acc, bj, ri, relu,   \
@@ -763,7 +769,7 @@ typedef struct {
     int relu;
     int blocked; /* conv_nchw16c: X, Y and res channel-blocked, positions 16 floats apart */
     int64_t xstep; /* floats from one X position to the next (16 blocked, 1 NCHW) */
-    int fetch;     /* cq_asm's tiles fetch their panels' rows ahead (no CG_NO_FETCH) */
+    int fetch;     /* blocked tiles fetch their panels' rows ahead (no CG_NO_FETCH) */
     int sliced;    /* cq_run slices every reduction (CG_SLICED) */
     int64_t band;  /* cq_rows: output rows per unit */
 } cg_ctx;
@@ -798,8 +804,11 @@ cg_units(const cg_ctx *g, int64_t u0, int64_t u1)
             int R = (int)(g->ow - ox < P16_R512 ? g->ow - ox : P16_R512);
 #define CG_CASE(r)                                                                          \
     case r:                                                                                 \
-        if (g->blocked)                                                                     \
+        if (g->blocked && g->fetch)                                                         \
             cg_tile(r, 0, 1, xb, g->off, 0, g->sw * P16, pa, pb, 0, k, k, NULL, bj, ri,     \
+                    g->relu, yi, p, w0, w1);                                                \
+        else if (g->blocked)                                                                \
+            cg_tile(r, 0, 2, xb, g->off, 0, g->sw * P16, pa, pb, 0, k, k, NULL, bj, ri,     \
                     g->relu, yi, p, w0, w1);                                                \
         else if (g->sw == 1)                                                                \
             cg_tile(r, 1, 0, xb, g->off, 0, 1, pa, pb, 0, k, k, NULL, bj, ri, g->relu, yi,  \
@@ -932,7 +941,7 @@ cq_rows(const cg_ctx *g, int64_t u0, int64_t u1)
  * conv_nchw_to16c (CG_YB: X NCHW as conv_p16's, Y blocked; 64-channel groups only) */
 #define CG_XB 1
 #define CG_YB 2
-#define CG_NO_FETCH 4 /* cq_asm without the panels' prefetches (ORTCPU_CONV16C_NO_FETCH) */
+#define CG_NO_FETCH 4 /* blocked tiles without their panel prefetches (CONV16C_NO_FETCH) */
 #define CG_SLICED 8   /* cq_run's reductions all in slices (ORTCPU_CONV16C_SLICED) */
 
 /* the blocked entry points' flags: (ReLU, cg_run / c1_run layout bits), or -1 with the
@@ -1193,7 +1202,7 @@ static int c1_run(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
                          packed, bias, res, relu, y, ystride, layout);
             else
                 c1_units(u0, u1, nb, n, k, p, pc, xa ? xa : x, xrow, boff, packed, bias, res,
-                         relu, y, ystride);
+                         relu, y, ystride, !(layout & CG_NO_FETCH));
         }
     }
     ort_scratch_free(xa);
