@@ -404,7 +404,7 @@ cq_tile(int R, const float *restrict xb, const int64_t *restrict off, int64_t s,
  * For channel-blocked X (reductions in whole 16-step blocks ordered (block, tap, channel),
  * so the 16 steps of a block read X at off[block] + channel): the offset is read once a
  * block and its 16 steps are written out with constant displacements, 24 FMAs, 4 panel
- * loads, R broadcasts and 4 prefetches a step. GCC's code for the same loop spent ~60
+ * loads, R broadcasts, one X prefetch and (CQ_FETCH) 4 panel prefetches a step. GCC's code for the same loop spent ~60
  * instructions on a step (offset table reads, address arithmetic, spills when unrolled),
  * more than the 5-wide front end issues in the FMAs' 12 cycles. Accumulators: zmm(4i+q)
  * for position i and panel q; panels in zmm24-27, broadcasts in zmm28-29. Same sums in
@@ -835,12 +835,8 @@ typedef struct {
     int sliced; /* every reduction in slices, not only those over CQ_MAX_K */
 } cq_how;
 
-#ifndef CQ_KC
-#define CQ_KC 64
-#endif
-#ifndef CQ_TB
-#define CQ_TB 8
-#endif
+#define CQ_KC 64 /* reduction steps of a slice */
+#define CQ_TB 8  /* tiles of a block sharing a slice */
 /* rows x len positions on cq_asm_R: position (r, i) reads X at xb + r * xr + i * s and
  * writes Y (and res) at y + (r * len + i) * 16, channel blocks p * 16 floats apart; each
  * row in tiles of near-equal lengths (cq_len); k a multiple of 16. Reductions longer than
@@ -997,8 +993,8 @@ static int cg_run(const float *x, const float *packed, const float *bias, const 
                 for (int64_t kx = 0; kx < kw; kx++)
                     off[kk++] = ci * plane + ky * dh * PW + kx * dw;
     /* whole 64-channel groups of blocked Y: the 6 x 64 tile, a unit one group's output
-     * row, or for blocked X with k > CQ_MAX_K (cq_run's reductions in slices over blocks
-     * of CQ_TB tiles) a band of rows of up to CQ_TB tiles */
+     * row, or where blocked X takes its reductions in slices (k > CQ_MAX_K or CG_SLICED:
+     * cq_run's blocks of CQ_TB tiles) a band of rows of up to CQ_TB tiles */
     int quad = (layout & CG_YB) && m % (4 * P16) == 0 && (blocked || k <= CQ_MAX_K);
     int64_t row_tiles = (ow + CQ_R - 1) / CQ_R;
     int sliced = blocked && (k > CQ_MAX_K || (layout & CG_SLICED));
@@ -1147,7 +1143,7 @@ static int c1_run(int64_t nb, int64_t n, int64_t k, int64_t p, const float *x,
         return ort_fail(ORTCPU_E_INVALID_ARGUMENT, "conv1x1_p16: ystride %lld is less than a "
                         "sample's %lld elements", (long long)ystride, (long long)(n * p));
     if (nb == 0 || n == 0 || p == 0) return ORTCPU_OK;
-    /* blocked with whole 64-channel groups: cq_tile, a unit one group's chunk */
+    /* blocked with whole 64-channel groups: cq_run, a unit one group's chunk */
     int quad = blocked && n % (4 * P16) == 0; /* cq_run slices any reduction */
     int64_t pairs = ((n + P16 - 1) / P16 + 1) / 2;
     int64_t units = nb * (quad ? n / (4 * P16) : pairs);
